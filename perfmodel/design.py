@@ -1,0 +1,278 @@
+"""Design: what an operator chooses. Parallel layout (static), number formats per tensor
+class, slice mapping, speculative decoding, serving-runtime settings and concurrency."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from .architecture import Model
+from .formats import COMPUTE_CLASSES, FORMAT_BYTES, compute_class, resolve_format
+from .hardware import Chip
+
+#: Where a class of state lives across a chip's slices.
+PLACEMENTS = ("interleaved", "partitioned", "replicated")
+
+
+def _array(x):
+    return jnp.asarray(x, dtype=float)
+
+
+class Layout(eqx.Module):
+    """Parallel layout of one pool of chips (static).
+
+    An *instance* (one model replica) spans `tp * pp` chips; the pool runs `replicas` of them.
+    Attention is tensor-parallel over `tp` or, with `dp_attention`, data-parallel (each of the
+    `tp` chips holds the full attention weights and its own share of the requests, as SGLang's
+    DP attention). Routed experts are spread over `ep` chips and tensor-parallel over
+    `tp // ep` inside each expert. Pipeline stages `pp` split the layers.
+
+    Example:
+        >>> Layout(tp=8, ep=8, dp_attention=True).chips
+        8
+    """
+
+    tp: int = eqx.field(static=True, default=1)
+    ep: int = eqx.field(static=True, default=1)
+    pp: int = eqx.field(static=True, default=1)
+    dp_attention: bool = eqx.field(static=True, default=False)
+    replicas: int = eqx.field(static=True, default=1)
+
+    def __check_init__(self):
+        for key in ("tp", "ep", "pp", "replicas"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Layout.{key} must be a positive integer, got {value!r}")
+        if self.tp % self.ep:
+            raise ValueError(f"Layout.ep ({self.ep}) must divide Layout.tp ({self.tp}); "
+                             "experts are spread over ep of the tp chips of an instance")
+
+    @property
+    def chips_per_instance(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def chips(self) -> int:
+        return self.tp * self.pp * self.replicas
+
+    @property
+    def moe_tp(self) -> int:
+        return self.tp // self.ep
+
+    def describe(self) -> str:
+        text = f"tp{self.tp}"
+        if self.ep > 1:
+            text += f"-ep{self.ep}"
+        if self.pp > 1:
+            text += f"-pp{self.pp}"
+        if self.dp_attention:
+            text += "-dpa"
+        return f"{self.replicas}x{text}" if self.replicas > 1 else text
+
+
+class Disaggregated(eqx.Module):
+    """Prefill/decode disaggregation: two pools, KV moved from prefill to decode chips."""
+
+    prefill: Layout
+    decode: Layout
+
+    @property
+    def chips(self) -> int:
+        return self.prefill.chips + self.decode.chips
+
+    def describe(self) -> str:
+        return f"P[{self.prefill.describe()}]+D[{self.decode.describe()}]"
+
+
+class Precision(eqx.Module):
+    """Number formats per tensor class, as numbers (so a relaxed choice can mix them).
+
+    Build a concrete one with `precision(...)`. The `*_compute` vectors weight the chip's peak
+    FLOP/s and energy per FLOP of each class of `formats.COMPUTE_CLASSES` (one-hot for a real
+    design; a softmax in a relaxed search).
+    """
+
+    weight_bytes: jnp.ndarray = eqx.field(converter=_array)
+    """Bytes per non-expert weight (attention, dense FFN, shared experts, LM head)."""
+    expert_bytes: jnp.ndarray = eqx.field(converter=_array)
+    """Bytes per routed-expert weight."""
+    kv_bytes: jnp.ndarray = eqx.field(converter=_array)
+    """Bytes per cached KV value."""
+    activation_bytes: jnp.ndarray = eqx.field(converter=_array)
+    """Bytes per activation value moved between chips or through HBM."""
+    weight_compute: jnp.ndarray = eqx.field(converter=_array)
+    expert_compute: jnp.ndarray = eqx.field(converter=_array)
+    attention_compute: jnp.ndarray = eqx.field(converter=_array)
+    names: tuple[str, ...] = eqx.field(static=True, default=())
+    """(weights, experts, kv) format names, for reports; empty when relaxed."""
+
+    def __check_init__(self):
+        n = len(COMPUTE_CLASSES)
+        for key in ("weight_compute", "expert_compute", "attention_compute"):
+            if getattr(self, key).shape[-1:] != (n,):
+                raise ValueError(f"Precision.{key} needs {n} entries, one per compute class "
+                                 f"{COMPUTE_CLASSES}; got shape {getattr(self, key).shape}")
+
+
+def _one_hot(cls: str):
+    return jnp.asarray([1.0 if c == cls else 0.0 for c in COMPUTE_CLASSES])
+
+
+_WIDTH_ORDER = ("int4", "mxfp4", "nvfp4", "int8", "fp8", "fp16", "bf16", "fp32")
+
+
+def precision(chip: Chip, model: Model, weights: str | None = None,
+              experts: str | None = None, kv: str | None = None,
+              activations: str = "bf16") -> Precision:
+    """A concrete `Precision` for a chip and model.
+
+    Args:
+        chip: decides what "fp4" means and which classes run natively.
+        model: its released formats are the defaults.
+        weights: format of the routed experts of an MoE model and of all weights of a dense
+            one (``"fp4"``, ``"fp8"``, ``"bf16"``, ...). Non-expert weights of an MoE model
+            keep their released format when that is wider (gpt-oss: attention stays BF16 in
+            its MXFP4 release), else take this one.
+        experts: override the routed-expert format.
+        kv: KV-cache format; default FP8 where the chip runs FP8 natively and the weights are
+            8-bit or narrower, else BF16.
+        activations: format of activations moved between chips.
+
+    Raises:
+        ValueError: unknown format names.
+
+    Example:
+        >>> from perfmodel.presets import get_chip, get_model
+        >>> p = precision(get_chip("b200"), get_model("gpt-oss-120b"), "fp4")
+        >>> p.names
+        ('bf16', 'nvfp4', 'fp8')
+    """
+    flavor = chip.fp4_flavor
+    base = resolve_format(weights, flavor) if weights else None
+    if model.is_moe:
+        expert_fmt = resolve_format(experts, flavor) if experts else \
+            (base or resolve_format(model.expert_format, flavor))
+        released = resolve_format(model.weight_format, flavor)
+        if base is None:
+            weight_fmt = released
+        else:
+            weight_fmt = max(base, released, key=_WIDTH_ORDER.index)
+    else:
+        weight_fmt = base or resolve_format(model.weight_format, flavor)
+        expert_fmt = resolve_format(experts, flavor) if experts else weight_fmt
+    narrow = FORMAT_BYTES[expert_fmt] <= 1.0
+    if kv is None:
+        kv_fmt = "fp8" if ("fp8" in chip.native_classes and narrow) else "bf16"
+    else:
+        kv_fmt = resolve_format(kv, flavor)
+    act_fmt = resolve_format(activations, flavor)
+    native = chip.native_classes
+    attention_cls = "fp8" if (kv_fmt == "fp8" and "fp8" in native) else "bf16"
+    return Precision(
+        weight_bytes=FORMAT_BYTES[weight_fmt], expert_bytes=FORMAT_BYTES[expert_fmt],
+        kv_bytes=FORMAT_BYTES[kv_fmt], activation_bytes=FORMAT_BYTES[act_fmt],
+        weight_compute=_one_hot(compute_class(weight_fmt, native, flavor)),
+        expert_compute=_one_hot(compute_class(expert_fmt, native, flavor)),
+        attention_compute=_one_hot(attention_cls),
+        names=(weight_fmt, expert_fmt, kv_fmt))
+
+
+class SliceMapping(eqx.Module):
+    """Where weights and KV cache live across a chip's slices: probabilities over
+    `PLACEMENTS` (one-hot for a real design).
+
+    - interleaved: addresses striped over all slices (what GPUs do); a fraction (S-1)/S of
+      reads cross the slice fabric.
+    - partitioned: each slice holds its own part and reads it locally; weights pay a
+      cross-slice reduction of partial sums; the KV of a request lives on one slice, so with
+      fewer running sequences than slices some slices idle.
+    - replicated: every slice holds a copy: local reads at S times the capacity.
+    """
+
+    weights: jnp.ndarray = eqx.field(converter=_array, default=(1.0, 0.0, 0.0))
+    kv: jnp.ndarray = eqx.field(converter=_array, default=(1.0, 0.0, 0.0))
+
+    def __check_init__(self):
+        for key in ("weights", "kv"):
+            if getattr(self, key).shape[-1:] != (len(PLACEMENTS),):
+                raise ValueError(f"SliceMapping.{key} needs {len(PLACEMENTS)} entries, one per "
+                                 f"placement {PLACEMENTS}")
+
+
+def mapping(weights: str = "interleaved", kv: str = "interleaved") -> SliceMapping:
+    """A concrete `SliceMapping` from placement names."""
+    for key, value in (("weights", weights), ("kv", kv)):
+        if value not in PLACEMENTS:
+            raise ValueError(f"mapping {key}={value!r}; valid placements: {PLACEMENTS}")
+    def hot(name):
+        return [1.0 if p == name else 0.0 for p in PLACEMENTS]
+    return SliceMapping(weights=hot(weights), kv=hot(kv))
+
+
+class SpecDecode(eqx.Module):
+    """Speculative decoding with draft tokens verified in one step (DeepSeek MTP, EAGLE).
+
+    With i.i.d. acceptance probability a and k draft tokens, a step emits
+    (1 - a^(k+1)) / (1 - a) tokens on average (Leviathan et al., ICML 2023, eq. 1).
+    `draft_tokens = 0` disables it.
+    """
+
+    draft_tokens: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    """Draft length k (tokens)."""
+    acceptance: jnp.ndarray = eqx.field(converter=_array, default=0.7)
+    """Per-token acceptance probability (dimensionless, [0, 1))."""
+    draft_layers: jnp.ndarray = eqx.field(converter=_array, default=1.0)
+    """Transformer layers of the draft module run per draft token (DeepSeek MTP: 1)."""
+
+    @property
+    def tokens_per_step(self):
+        a = jnp.clip(self.acceptance, 0.0, 0.999)
+        return (1.0 - a ** (self.draft_tokens + 1.0)) / (1.0 - a)
+
+
+class Runtime(eqx.Module):
+    """The serving engine's settings and overheads (vLLM, SGLang, TensorRT-LLM).
+
+    `step_overhead` is host-side time per engine step not hidden behind the GPU (scheduling,
+    sampling, detokenization, Python); `framework` names whose fitted value it is.
+    """
+
+    step_overhead: jnp.ndarray = eqx.field(converter=_array, default=1.0e-3)
+    """Host time per engine step (s)."""
+    max_batched_tokens: jnp.ndarray = eqx.field(converter=_array, default=8192.0)
+    """Prefill chunk: tokens one step may carry (vLLM max_num_batched_tokens) (tokens)."""
+    memory_fraction: jnp.ndarray = eqx.field(converter=_array, default=0.9)
+    """Fraction of HBM the engine may use (vLLM gpu_memory_utilization)."""
+    activation_reserve: jnp.ndarray = eqx.field(converter=_array, default=4e9)
+    """HBM reserved for activations, CUDA graphs and workspace (bytes)."""
+    max_running: jnp.ndarray = eqx.field(converter=_array, default=jnp.inf)
+    """Cap on running sequences per instance (vLLM max_num_seqs); inf for none."""
+    framework: str = eqx.field(static=True, default="generic")
+
+
+class Design(eqx.Module):
+    """A full serving design.
+
+    Example:
+        >>> from perfmodel.presets import get_chip, get_model
+        >>> chip, model = get_chip("h200"), get_model("llama-3.1-8b")
+        >>> d = Design(concurrency=16, layout=Layout(tp=1), precision=precision(chip, model))
+        >>> d.chips
+        1
+    """
+
+    concurrency: jnp.ndarray = eqx.field(converter=_array)
+    """Requests in flight across the deployment (closed-loop clients)."""
+    layout: Layout | Disaggregated
+    precision: Precision
+    mapping: SliceMapping = SliceMapping()
+    speculative: SpecDecode = SpecDecode()
+    runtime: Runtime = Runtime()
+
+    @property
+    def chips(self) -> int:
+        return self.layout.chips
+
+    @property
+    def disaggregated(self) -> bool:
+        return isinstance(self.layout, Disaggregated)

@@ -1,0 +1,189 @@
+"""Chip specs: peak compute per format, memory, slices, network tiers, power, efficiencies.
+
+A `Chip` is an immutable pytree: every number is an array leaf (so `jax.grad` and the
+calibration reach it), names and the supported formats are static. Datasheet units are
+converted once, in `from_datasheet`.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from .formats import COMPUTE_CLASSES
+from .interconnect import AbstractInterconnect, Ring, Switch, Torus
+
+
+def _array(x):
+    return jnp.asarray(x, dtype=float)
+
+
+class Efficiency(eqx.Module):
+    """How much of the peak a real kernel reaches, as smooth functions of its shape.
+
+    Compute: a matmul with M rows (tokens) reaches
+    `compute_max * M / (M + compute_rows_half)` of peak FLOP/s: small-M matmuls (decode at low
+    batch, a few tokens per expert) waste the tensor-core tiles.
+    Memory: a kernel moving `b` bytes takes `b / (bandwidth * bandwidth_max) + memory_latency`.
+    Every kernel also pays `kernel_overhead` (launch, ramp-up and tail), and every engine step
+    pays `step_overhead` (scheduling, sampling, host sync) in `perfmodel.design.Runtime`.
+
+    Priors (before calibration): NVIDIA's aiconfigurator system files apply 0.8 x HBM
+    bandwidth and a 3 us constant memory latency (ai-dynamo/aiconfigurator,
+    systems/*.yaml, `mem_bw_empirical_scaling_factor`, `mem_empirical_constant_latency`).
+    """
+
+    compute_max: jnp.ndarray = eqx.field(converter=_array, default=0.75)
+    """Fraction of peak FLOP/s a large matmul reaches (dimensionless, (0, 1])."""
+    compute_rows_half: jnp.ndarray = eqx.field(converter=_array, default=64.0)
+    """Rows (tokens) at which a matmul reaches half of `compute_max` (tokens)."""
+    bandwidth_max: jnp.ndarray = eqx.field(converter=_array, default=0.8)
+    """Fraction of HBM bandwidth a large streaming read reaches (dimensionless, (0, 1])."""
+    memory_latency: jnp.ndarray = eqx.field(converter=_array, default=3e-6)
+    """Fixed latency of a memory-bound kernel (s)."""
+    kernel_overhead: jnp.ndarray = eqx.field(converter=_array, default=2e-6)
+    """Launch, ramp and tail time per kernel (s)."""
+    attention_max: jnp.ndarray = eqx.field(converter=_array, default=0.5)
+    """Fraction of peak FLOP/s attention kernels reach (dimensionless, (0, 1])."""
+
+    def compute_fraction(self, rows):
+        """Fraction of peak FLOP/s reached by a matmul with `rows` rows (tokens)."""
+        rows = jnp.maximum(_array(rows), 0.0)
+        return self.compute_max * rows / (rows + self.compute_rows_half)
+
+
+class EnergyCoefficients(eqx.Module):
+    """Dynamic energy per unit of work; idle power lives on the `Chip`.
+
+    Priors (before calibration, `calibration/` refits them): about 0.5 pJ/FLOP for BF16 tensor
+    math at 4-5 nm, halving per halving of operand width (Horowitz, "Computing's energy
+    problem", ISSCC 2014, scaled); HBM3 access about 4 pJ/bit plus on-chip movement, i.e. about
+    60 pJ/byte end to end (O'Connor et al., "Fine-Grained DRAM", MICRO 2017: 3.9 pJ/bit HBM2
+    core+IO); NVLink-class SerDes about 5 pJ/bit = 40 pJ/byte.
+    """
+
+    per_flop: jnp.ndarray = eqx.field(converter=_array,
+                                      default=(0.5e-12, 0.25e-12, 0.25e-12, 0.125e-12))
+    """Joules per FLOP for each compute class of `formats.COMPUTE_CLASSES` (J/FLOP)."""
+    per_hbm_byte: jnp.ndarray = eqx.field(converter=_array, default=60e-12)
+    """Joules per byte read or written in HBM (J/byte)."""
+    per_link_byte: jnp.ndarray = eqx.field(converter=_array, default=40e-12)
+    """Joules per byte sent over the scale-up or scale-out network (J/byte)."""
+
+
+class Chip(eqx.Module):
+    """One accelerator (one package; for GB200/GB300 one GPU of the superchip).
+
+    Example:
+        >>> chip = from_datasheet("toy", bf16_tflops=1000, hbm_gb=80, hbm_tb_s=3.0,
+        ...                       scaleup_gb_s=450, tdp_w=700)
+        >>> float(chip.peak_flops[0])
+        1000000000000000.0
+    """
+
+    name: str = eqx.field(static=True)
+    family: str = eqx.field(static=True)
+    native_classes: tuple[str, ...] = eqx.field(static=True)
+    """Compute classes of `formats.COMPUTE_CLASSES` the chip runs natively."""
+    fp4_flavor: str = eqx.field(static=True)
+    """What plain "fp4" means here: "nvfp4" or "mxfp4"."""
+    domain_size: int = eqx.field(static=True)
+    """Chips in one scale-up domain (NVL72: 72; HGX: 8)."""
+
+    peak_flops: jnp.ndarray = eqx.field(converter=_array)
+    """Dense peak per compute class of `formats.COMPUTE_CLASSES` (FLOP/s); a class the chip
+    lacks holds the rate it is emulated at (BF16's)."""
+    hbm_bandwidth: jnp.ndarray = eqx.field(converter=_array)
+    """Main-memory bandwidth (bytes/s)."""
+    hbm_capacity: jnp.ndarray = eqx.field(converter=_array)
+    """Main-memory capacity (bytes)."""
+    sram_bytes: jnp.ndarray = eqx.field(converter=_array)
+    """On-chip SRAM / last-level cache (bytes)."""
+    num_slices: jnp.ndarray = eqx.field(converter=_array)
+    """Core+memory slices (dies, chiplets, Jalapeno's slices); 1 for a monolithic GPU."""
+    slice_bandwidth: jnp.ndarray = eqx.field(converter=_array)
+    """Aggregate bandwidth of the fabric between slices (bytes/s)."""
+    scale_up: AbstractInterconnect
+    scale_out: AbstractInterconnect
+    tdp: jnp.ndarray = eqx.field(converter=_array)
+    """Rated board power (W)."""
+    idle_power: jnp.ndarray = eqx.field(converter=_array)
+    """Power drawn while serving with no work in flight: static + clocks-on baseline (W)."""
+    allin_power: jnp.ndarray = eqx.field(converter=_array)
+    """All-in power per chip: chip, host, network and facility share (W); InferenceX's
+    "tokens/s per MW" divides by it."""
+    energy: EnergyCoefficients = EnergyCoefficients()
+    efficiency: Efficiency = Efficiency()
+
+    def __check_init__(self):
+        n = len(COMPUTE_CLASSES)
+        if self.peak_flops.shape != (n,):
+            raise ValueError(f"Chip {self.name!r}: peak_flops must have shape ({n},), one per "
+                             f"compute class {COMPUTE_CLASSES}; got {self.peak_flops.shape}")
+        for cls in self.native_classes:
+            if cls not in COMPUTE_CLASSES:
+                raise ValueError(f"Chip {self.name!r}: native class {cls!r} is not one of "
+                                 f"{COMPUTE_CLASSES}")
+        if self.fp4_flavor not in ("nvfp4", "mxfp4"):
+            raise ValueError(f"Chip {self.name!r}: fp4_flavor must be 'nvfp4' or 'mxfp4'")
+        if self.domain_size < 1:
+            raise ValueError(f"Chip {self.name!r}: domain_size must be >= 1")
+
+    def class_index(self, cls: str) -> int:
+        return COMPUTE_CLASSES.index(cls)
+
+
+def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: float,
+                   scaleup_gb_s: float, tdp_w: float, fp8_tflops: float | None = None,
+                   int8_tops: float | None = None, fp4_tflops: float | None = None,
+                   fp4_flavor: str = "nvfp4", family: str = "generic", sram_mb: float = 50.0,
+                   num_slices: float = 1.0, slice_tb_s: float | None = None,
+                   scaleup_latency_us: float = 1.0, collective_base_us: float = 6.0,
+                   domain_size: int = 8,
+                   scaleup_topology: str = "switch", torus_dims: tuple[int, ...] = (16, 16),
+                   scaleout_gb_s: float = 50.0, scaleout_latency_us: float = 10.0,
+                   idle_w: float | None = None, allin_kw: float | None = None,
+                   energy: EnergyCoefficients | None = None,
+                   efficiency: Efficiency | None = None) -> Chip:
+    """Build a `Chip` from datasheet units (TFLOPS, GB, TB/s, GB/s, W, us, MB).
+
+    Dense (not sparse) peaks. A format left `None` is not native: it runs at the BF16 rate.
+    `scaleup_gb_s` is per chip per direction; `scaleup_latency_us` is per algorithm step and
+    `collective_base_us` the fixed cost of any collective. `idle_w` defaults to 0.25 x TDP and `allin_kw`
+    to 2 x TDP (documented assumptions; presets give measured or published values where any
+    exist). `slice_tb_s` defaults to 2 x HBM bandwidth (a fabric that rarely binds).
+
+    Raises:
+        ValueError: a non-positive or missing required number, naming it.
+    """
+    required = {"bf16_tflops": bf16_tflops, "hbm_gb": hbm_gb, "hbm_tb_s": hbm_tb_s,
+                "scaleup_gb_s": scaleup_gb_s, "tdp_w": tdp_w}
+    for key, value in required.items():
+        if value is None or not value > 0:
+            raise ValueError(f"chip {name!r}: {key} must be a positive number, got {value!r}")
+    peaks = {"bf16": bf16_tflops, "fp8": fp8_tflops, "int8": int8_tops, "fp4": fp4_tflops}
+    native = tuple(c for c in COMPUTE_CLASSES if peaks[c] is not None and peaks[c] > 0)
+    peak = [(peaks[c] if c in native else bf16_tflops) * 1e12 for c in COMPUTE_CLASSES]
+    link = dict(bandwidth=scaleup_gb_s * 1e9, latency=scaleup_latency_us * 1e-6,
+                base_latency=collective_base_us * 1e-6)
+    if scaleup_topology == "switch":
+        up = Switch(**link)
+    elif scaleup_topology == "torus":
+        up = Torus(**link, dims=tuple(torus_dims))
+    elif scaleup_topology == "ring":
+        up = Ring(**link)
+    else:
+        raise ValueError(f"chip {name!r}: scaleup_topology must be switch, torus or ring, "
+                         f"got {scaleup_topology!r}")
+    out = Switch(bandwidth=scaleout_gb_s * 1e9, latency=scaleout_latency_us * 1e-6,
+                 base_latency=collective_base_us * 1e-6)
+    return Chip(
+        name=name, family=family, native_classes=native, fp4_flavor=fp4_flavor,
+        domain_size=int(domain_size), peak_flops=peak, hbm_bandwidth=hbm_tb_s * 1e12,
+        hbm_capacity=hbm_gb * 1e9, sram_bytes=sram_mb * 1e6, num_slices=num_slices,
+        slice_bandwidth=(slice_tb_s if slice_tb_s is not None else 2 * hbm_tb_s) * 1e12,
+        scale_up=up, scale_out=out, tdp=tdp_w,
+        idle_power=idle_w if idle_w is not None else 0.25 * tdp_w,
+        allin_power=(allin_kw * 1e3) if allin_kw is not None else 2.0 * tdp_w,
+        energy=energy if energy is not None else EnergyCoefficients(),
+        efficiency=efficiency if efficiency is not None else Efficiency())

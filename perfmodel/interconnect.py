@@ -1,0 +1,193 @@
+"""Collective communication costs: latency + bytes / bandwidth (alpha-beta) terms.
+
+An interconnect tier (`Switch`, `Ring`, `Torus`) knows how long one collective takes among
+`n` chips inside it. `collective_time` composes a scale-up tier and a slower scale-out tier
+when the group is larger than the scale-up domain (hierarchical: reduce-scatter inside each
+domain, the reduced shards across domains, all-gather inside again).
+
+Formulas (ring algorithms, as NCCL uses for large messages; Thakur, Rabenseifner & Gropp,
+"Optimization of Collective Communication Operations in MPICH", IJHPCA 2005):
+- all-reduce of M bytes per chip: 2 (n-1)/n * M / B + 2 (n-1) alpha
+- all-gather / reduce-scatter with M bytes of output / input per chip: (n-1)/n * M / B + (n-1) alpha
+- all-to-all with M bytes sent per chip: (n-1)/n * M / B + (n-1) alpha
+- point-to-point of M bytes: M / B + alpha
+where B is the achieved per-chip unidirectional bandwidth (link bandwidth x efficiency), and
+every collective also pays a fixed `base_latency` (launch and synchronisation: nccl-tests
+show about 8-10 us for the smallest all-gather on two B200s, shared/data NCCL table).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+
+import equinox as eqx
+import jax.numpy as jnp
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+def _array(x):
+    return jnp.asarray(x, dtype=float)
+
+
+class AbstractInterconnect(eqx.Module):
+    """A tier of the network among chips: bandwidth per chip, latency per step, efficiency.
+
+    Subclasses say how a collective maps onto the topology (`_steps_and_bandwidth`).
+    """
+
+    bandwidth: eqx.AbstractVar[jnp.ndarray]
+    latency: eqx.AbstractVar[jnp.ndarray]
+    efficiency: eqx.AbstractVar[jnp.ndarray]
+    base_latency: eqx.AbstractVar[jnp.ndarray]
+
+    @abc.abstractmethod
+    def _effective(self, kind: str, n: int):
+        """(latency steps, bandwidth multiplier, traffic multiplier) of a collective over n."""
+
+    def time(self, kind: str, message_bytes, n: int):
+        """Seconds for one collective among `n` chips of this tier.
+
+        Args:
+            kind: one of `COLLECTIVES`.
+            message_bytes: bytes (see the module docstring for what M is per collective).
+            n: static group size; 1 means no communication (time 0).
+
+        Example:
+            >>> link = Switch(bandwidth=450e9, latency=5e-6, efficiency=1.0)
+            >>> round(float(link.time("all_reduce", 8e6, 8)) * 1e6, 3)  # 2*7/8*8e6/450e9 + 14*5us
+            101.111
+        """
+        if kind not in COLLECTIVES:
+            raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVES)}")
+        if n < 1 or int(n) != n:
+            raise ValueError(f"collective group size must be a positive integer, got {n!r}")
+        if n == 1 and kind != "p2p":
+            return jnp.zeros_like(_array(message_bytes))
+        steps, bw_mult, traffic = self._effective(kind, int(n))
+        achieved = self.bandwidth * self.efficiency * bw_mult
+        return self.base_latency + steps * self.latency \
+            + traffic * _array(message_bytes) / achieved
+
+
+def _ring_traffic(kind: str, n: int) -> tuple[float, float]:
+    if kind == "p2p":
+        return 1.0, 1.0
+    frac = (n - 1) / n
+    if kind == "all_reduce":
+        return 2.0 * (n - 1), 2.0 * frac
+    return float(n - 1), frac
+
+
+class Switch(AbstractInterconnect):
+    """A switched fabric (NVLink Switch, Ethernet): every chip reaches every other at its full
+    per-chip bandwidth. `bandwidth` is bytes/s per chip per direction."""
+
+    bandwidth: jnp.ndarray = eqx.field(converter=_array)
+    latency: jnp.ndarray = eqx.field(converter=_array)
+    efficiency: jnp.ndarray = eqx.field(converter=_array, default=0.8)
+    base_latency: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+
+    def _effective(self, kind, n):
+        steps, traffic = _ring_traffic(kind, n)
+        return steps, 1.0, traffic
+
+
+class Ring(AbstractInterconnect):
+    """A bidirectional ring of direct links (each chip has two neighbours). `bandwidth` is
+    bytes/s per chip per direction summed over its links. All-to-all crosses n/4 hops on
+    average, which costs a factor n/4 in traffic per link (at least 1)."""
+
+    bandwidth: jnp.ndarray = eqx.field(converter=_array)
+    latency: jnp.ndarray = eqx.field(converter=_array)
+    efficiency: jnp.ndarray = eqx.field(converter=_array, default=0.8)
+    base_latency: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+
+    def _effective(self, kind, n):
+        steps, traffic = _ring_traffic(kind, n)
+        if kind == "all_to_all":
+            traffic *= max(1.0, n / 4.0)
+        return steps, 1.0, traffic
+
+
+class Torus(AbstractInterconnect):
+    """A k-dimensional torus with wraparound (TPU ICI). `bandwidth` is bytes/s per chip per
+    direction summed over all its links; `dims` the torus shape.
+
+    A group of n chips fills the axes in order; a collective runs bidirectional rings on each
+    axis it spans concurrently, so it uses the links of those axes only (the scaling book,
+    "How to Scale Your Model", part on TPU networking). Latency steps add over the axes.
+    """
+
+    bandwidth: jnp.ndarray = eqx.field(converter=_array)
+    latency: jnp.ndarray = eqx.field(converter=_array)
+    efficiency: jnp.ndarray = eqx.field(converter=_array, default=0.8)
+    base_latency: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    dims: tuple[int, ...] = eqx.field(static=True, default=(16, 16))
+
+    def _spanned(self, n):
+        sizes, left = [], n
+        for d in self.dims:
+            if left <= 1:
+                break
+            take = min(d, left)
+            sizes.append(take)
+            left = math.ceil(left / take)
+        return sizes
+
+    def _effective(self, kind, n):
+        sizes = self._spanned(n)
+        axes_fraction = len(sizes) / len(self.dims)
+        steps = sum(s - 1 for s in sizes) * (2.0 if kind == "all_reduce" else 1.0)
+        _, traffic = _ring_traffic(kind, n)
+        if kind == "all_to_all":
+            traffic *= max(1.0, max(sizes) / 4.0)
+        if kind == "p2p":
+            steps = 1.0
+        return max(steps, 1.0), axes_fraction, traffic
+
+
+def collective_time(kind: str, message_bytes, n: int, scale_up: AbstractInterconnect,
+                    scale_out: AbstractInterconnect, domain_size: int):
+    """Seconds for a collective among `n` chips, hierarchical past the scale-up domain.
+
+    Args:
+        kind: one of `COLLECTIVES`.
+        message_bytes: bytes per chip (the M of the module docstring).
+        n: static group size.
+        scale_up: the fast tier (NVLink, ICI, Infinity Fabric).
+        scale_out: the slower tier between domains (InfiniBand/Ethernet NICs).
+        domain_size: static number of chips one scale-up tier spans.
+
+    Returns:
+        Seconds, the shape of `message_bytes`.
+
+    Example:
+        >>> up = Switch(bandwidth=900e9, latency=3e-6, efficiency=1.0)
+        >>> out = Switch(bandwidth=50e9, latency=10e-6, efficiency=1.0)
+        >>> t_in = collective_time("all_reduce", 1e9, 8, up, out, 8)
+        >>> t_out = collective_time("all_reduce", 1e9, 16, up, out, 8)
+        >>> bool(t_out > t_in)
+        True
+    """
+    n = int(n)
+    domain_size = max(int(domain_size), 1)
+    if n <= domain_size:
+        return scale_up.time(kind, message_bytes, n)
+    inner = domain_size
+    outer = math.ceil(n / domain_size)
+    message_bytes = _array(message_bytes)
+    if kind == "all_reduce":
+        return (scale_up.time("reduce_scatter", message_bytes, inner)
+                + scale_out.time("all_reduce", message_bytes / inner, outer)
+                + scale_up.time("all_gather", message_bytes, inner))
+    if kind in ("all_gather", "reduce_scatter"):
+        return (scale_up.time(kind, message_bytes / outer, inner)
+                + scale_out.time(kind, message_bytes, outer))
+    if kind == "all_to_all":
+        # Of the bytes each chip sends, the share bound outside its domain crosses scale-out.
+        cross = (n - inner) / (n - 1)
+        return (scale_up.time(kind, message_bytes * (1 - cross), inner)
+                + scale_out.time(kind, message_bytes * cross, outer))
+    return scale_out.time("p2p", message_bytes, 2)

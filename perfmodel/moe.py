@@ -1,0 +1,48 @@
+"""Mixture-of-experts: how many distinct experts a batch touches, and where they live."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .architecture import Model
+
+
+def expected_experts_touched(tokens, num_experts: int, experts_per_token: int):
+    """Expected number of distinct experts hit by `tokens` tokens routing top-k of E.
+
+    With uniform, independent routing each expert is missed by one token with probability
+    1 - k/E, so E[touched] = E (1 - (1 - k/E)^T). It is k at T = 1 and tends to E; it is
+    smooth in T (a float), so gradients flow through batch size.
+
+    Args:
+        tokens: tokens in the step (float, >= 0).
+        num_experts: E (static).
+        experts_per_token: k (static).
+
+    Returns:
+        Expected distinct experts (float, same shape as `tokens`).
+
+    Example:
+        >>> float(expected_experts_touched(1.0, 256, 8))
+        8.0
+        >>> round(float(expected_experts_touched(4096.0, 256, 8)), 3)
+        256.0
+    """
+    tokens = jnp.maximum(jnp.asarray(tokens, dtype=float), 0.0)
+    miss = jnp.log1p(-experts_per_token / num_experts)
+    return num_experts * -jnp.expm1(tokens * miss)
+
+
+def expert_load(model: Model, tokens, ep: int):
+    """Per-chip expert work of one MoE layer with experts spread over `ep` chips.
+
+    Returns:
+        (experts touched on one chip, token-expert assignments per chip, rows per touched
+        expert): the first decides expert weight bytes read, the second FLOPs, the third the
+        matmul shape (small rows reach a small fraction of peak).
+    """
+    E, k = model.num_experts, model.experts_per_token
+    touched = expected_experts_touched(tokens, E, k)
+    assignments = jnp.asarray(tokens, dtype=float) * k
+    rows = assignments / jnp.maximum(touched, 1e-9)
+    return touched / ep, assignments / ep, rows

@@ -1,0 +1,252 @@
+"""Chip and model presets, built from the data files shipped inside the package.
+
+`data/chips.csv` carries one row per chip with its `source` and the `assumptions` made where
+a spec is unknown (Jalapeno's HBM capacity and slice count, TPU power): every assumed number
+is listed there, never silent, and can be overridden. `data/models.csv` is a copy of the
+published Hugging Face configurations (with `source`).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import re
+from importlib import resources
+
+from .architecture import Model
+from .hardware import Chip, from_datasheet
+
+#: Model keys -> row name in models.csv, aliases, released (non-expert, expert) formats.
+_MODELS = {
+    "gpt-oss-120b": ("gpt-oss-120b", ("openai/gpt-oss-120b", "gptoss-120b"), ("bf16", "mxfp4")),
+    "gpt-oss-20b": ("gpt-oss-20b", ("openai/gpt-oss-20b",), ("bf16", "mxfp4")),
+    "deepseek-v3": ("DeepSeek-V3", ("deepseek-ai/deepseek-v3",), ("fp8", "fp8")),
+    "deepseek-r1": ("DeepSeek-R1", ("deepseek-r1-0528", "deepseek-ai/deepseek-r1", "dsr1",
+                                    "deepseek r1"), ("fp8", "fp8")),
+    "kimi-k2": ("Kimi-K2-Instruct", ("kimi-k2-instruct", "moonshotai/kimi-k2-instruct"),
+                ("fp8", "fp8")),
+    "kimi-k2.5": ("Kimi-K2.5", ("moonshotai/kimi-k2.5", "kimi k2.5"), ("bf16", "int4")),
+    "llama-2-70b": ("Llama-2-70B", ("meta-llama/llama-2-70b-hf", "llama2-70b",
+                                    "llama-2-70b-chat-hf"), ("bf16", "bf16")),
+    "llama-3.1-8b": ("Llama-3.1-8B", ("meta-llama/meta-llama-3.1-8b", "llama3.1-8b",
+                                      "meta-llama-3.1-8b", "llama-3.1-8b-instruct"),
+                     ("bf16", "bf16")),
+    "llama-3.1-70b": ("Llama-3.1-70B", ("meta-llama/meta-llama-3.1-70b", "llama3.1-70b",
+                                        "meta-llama-3.1-70b", "llama-3.3-70b"),
+                      ("bf16", "bf16")),
+    "llama-3.1-405b": ("Llama-3.1-405B", ("meta-llama/meta-llama-3.1-405b", "llama3.1-405b",
+                                          "meta-llama-3.1-405b"), ("bf16", "bf16")),
+    "qwen3-235b-a22b": ("Qwen3-235B-A22B", ("qwen/qwen3-235b-a22b",), ("bf16", "bf16")),
+    "qwen3-32b": ("Qwen3-32B", ("qwen/qwen3-32b",), ("bf16", "bf16")),
+    "qwen3-30b-a3b": ("Qwen3-30B-A3B", ("qwen/qwen3-30b-a3b",), ("bf16", "bf16")),
+    "mixtral-8x7b": ("Mixtral-8x7B", ("mistralai/mixtral-8x7b-v0.1", "mixtral-8x7b-instruct"),
+                     ("bf16", "bf16")),
+    "mixtral-8x22b": ("Mixtral-8x22B", ("mistralai/mixtral-8x22b-v0.1",
+                                        "mixtral-8x22b-instruct"), ("bf16", "bf16")),
+    "llama-4-scout": ("Llama-4-Scout-17B-16E", ("meta-llama/llama-4-scout-17b-16e-instruct",
+                                                "llama-4-scout-17b-16e"), ("bf16", "bf16")),
+    "llama-4-maverick": ("Llama-4-Maverick-17B-128E",
+                         ("meta-llama/llama-4-maverick-17b-128e-instruct",
+                          "llama-4-maverick-17b-128e"), ("bf16", "bf16")),
+}
+
+
+def _read(name: str) -> list[dict]:
+    text = resources.files("perfmodel").joinpath("data", name).read_text()
+    return list(csv.DictReader(text.splitlines()))
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text.strip().lower())
+
+
+@functools.cache
+def _chip_rows() -> dict[str, dict]:
+    return {row["key"]: row for row in _read("chips.csv")}
+
+
+@functools.cache
+def _model_rows() -> dict[str, dict]:
+    return {row["model"]: row for row in _read("models.csv")}
+
+
+def chip_names() -> tuple[str, ...]:
+    """Keys of every chip preset."""
+    return tuple(_chip_rows())
+
+
+def model_names() -> tuple[str, ...]:
+    """Keys of every model preset."""
+    return tuple(_MODELS)
+
+
+def _resolve(name: str, keys, aliases: dict[str, str], kind: str, valid) -> str:
+    key = _norm(name)
+    if key in keys:
+        return key
+    if key in aliases:
+        return aliases[key]
+    short = key.split("/")[-1]
+    if short in keys:
+        return short
+    if short in aliases:
+        return aliases[short]
+    # Longest known name that starts the given one ("deepseek-r1-0528-fp4-v2").
+    candidates = sorted(list(keys) + list(aliases), key=len, reverse=True)
+    for cand in candidates:
+        if short.startswith(cand) or key.startswith(cand):
+            return aliases.get(cand, cand)
+    # A known key inside a longer label ("nvidia b200-sxm-180gb (lenovo ...)").
+    for cand in sorted(keys, key=len, reverse=True):
+        if re.search(rf"(^|[^a-z0-9]){re.escape(cand)}($|[^a-z0-9])", key):
+            return cand
+    raise ValueError(f"unknown {kind} {name!r}; valid {kind}s: {', '.join(valid)}")
+
+
+def chip_key(name: str) -> str:
+    """Canonical preset key of a chip name (case-insensitive; InferenceMAX, MLPerf and
+    ML.ENERGY labels accepted).
+
+    Example:
+        >>> chip_key("B200-TRT"), chip_key("NVIDIA H200-SXM-141GB (8x, MaxQ)")
+        ('b200', 'h200')
+    """
+    rows = _chip_rows()
+    aliases = {}
+    for key, row in rows.items():
+        for alias in filter(None, row["aliases"].split("|")):
+            aliases[_norm(alias)] = key
+        aliases[_norm(row["name"])] = key
+    return _resolve(name, rows.keys(), aliases, "chip", chip_names())
+
+
+def model_key(name: str) -> str:
+    """Canonical preset key of a model name (case-insensitive; Hugging Face ids and
+    InferenceMAX names accepted).
+
+    Example:
+        >>> model_key("DeepSeek-R1-0528"), model_key("openai/gpt-oss-120b")
+        ('deepseek-r1', 'gpt-oss-120b')
+    """
+    aliases = {}
+    for key, (row, names, _) in _MODELS.items():
+        aliases[_norm(row)] = key
+        for alias in names:
+            aliases[_norm(alias)] = key
+    return _resolve(name, _MODELS.keys(), aliases, "model", model_names())
+
+
+def _num(row, key):
+    value = row.get(key, "")
+    return float(value) if value not in ("", None) else None
+
+
+@functools.cache
+def _build_chip(key: str) -> Chip:
+    row = _chip_rows()[key]
+    tdp = _num(row, "tdp_w")
+    idle = _num(row, "idle_w")
+    dims = tuple(int(x) for x in row["torus_dims"].split("x")) if row["torus_dims"] else (16, 16)
+    allin = _num(row, "allin_kw")
+    return from_datasheet(
+        key, family=row["family"], bf16_tflops=_num(row, "bf16_tflops"),
+        fp8_tflops=_num(row, "fp8_tflops"), int8_tops=_num(row, "int8_tops"),
+        fp4_tflops=_num(row, "fp4_tflops"), fp4_flavor=row["fp4_flavor"],
+        hbm_gb=_num(row, "hbm_gb"), hbm_tb_s=_num(row, "hbm_tb_s"),
+        sram_mb=_num(row, "sram_mb") or 0.0, num_slices=_num(row, "num_slices") or 1.0,
+        slice_tb_s=_num(row, "slice_tb_s"), scaleup_gb_s=_num(row, "scaleup_gb_s"),
+        scaleup_latency_us=_num(row, "scaleup_latency_us"),
+        scaleup_topology=row["scaleup_topology"], torus_dims=dims,
+        domain_size=int(_num(row, "domain_size")), scaleout_gb_s=_num(row, "scaleout_gb_s"),
+        scaleout_latency_us=_num(row, "scaleout_latency_us"), tdp_w=tdp,
+        idle_w=idle if idle is not None else 0.15 * tdp,
+        allin_kw=allin if allin is not None else 2.0 * tdp / 1e3)
+
+
+def get_chip(name: str, calibrated: bool = True) -> Chip:
+    """A chip preset by name, with the fitted efficiency and energy parameters of its family
+    when `calibrated` and a fit exists (see `perfmodel.calibration`).
+
+    Raises:
+        ValueError: unknown name, listing the valid ones.
+
+    Example:
+        >>> chip = get_chip("GB200")
+        >>> chip.name, chip.domain_size, round(float(chip.hbm_bandwidth) / 1e12, 1)
+        ('gb200', 72, 8.0)
+    """
+    chip = _build_chip(chip_key(name))
+    if calibrated:
+        from . import params
+        chip = params.apply_fitted(chip)
+    return chip
+
+
+def chip_info(name: str) -> dict:
+    """The preset's data row: sources and documented assumptions."""
+    return dict(_chip_rows()[chip_key(name)])
+
+
+def _int(row, key, default=0):
+    value = row.get(key, "")
+    return int(float(value)) if value not in ("", None) else default
+
+
+@functools.cache
+def _build_model(key: str) -> Model:
+    row_name, _, (weight_fmt, expert_fmt) = _MODELS[key]
+    row = _model_rows()[row_name]
+    attention = "mla" if row["attention_type"].startswith("MLA") else "gqa"
+    layers, hidden, heads = _int(row, "layers"), _int(row, "hidden"), _int(row, "heads")
+    head_dim = _int(row, "head_dim") or hidden // heads
+    kwargs = dict(name=key, num_layers=layers, hidden=hidden, num_heads=heads,
+                  num_kv_heads=_int(row, "kv_heads") or heads, head_dim=head_dim,
+                  vocab=_int(row, "vocab"), attention=attention,
+                  weight_format=weight_fmt, expert_format=expert_fmt)
+    if attention == "mla":
+        kwargs.update(kv_lora_rank=_int(row, "kv_lora_rank"),
+                      q_lora_rank=_int(row, "q_lora_rank"),
+                      qk_rope_head_dim=_int(row, "qk_rope_head_dim"),
+                      qk_nope_head_dim=_int(row, "qk_nope_head_dim"),
+                      v_head_dim=_int(row, "v_head_dim"),
+                      head_dim=_int(row, "qk_nope_head_dim") + _int(row, "qk_rope_head_dim"),
+                      mtp_layers=1 if key.startswith("deepseek") else 0)
+    experts = _int(row, "num_routed_experts")
+    pattern = row.get("moe_layer_pattern", "")
+    if experts:
+        step = 2 if "every 2" in pattern else 1
+        first = _int(row, "first_dense_layers")
+        kwargs.update(num_experts=experts, experts_per_token=_int(row, "experts_per_token"),
+                      moe_ffn=_int(row, "moe_intermediate_size"),
+                      num_shared_experts=_int(row, "shared_experts"),
+                      first_dense_layers=first, moe_layer_step=step,
+                      dense_ffn=_int(row, "intermediate_size_dense") if (first or step > 1)
+                      else 0)
+    else:
+        kwargs["dense_ffn"] = _int(row, "intermediate_size_dense")
+    window = _int(row, "sliding_window")
+    if window:
+        kwargs.update(sliding_window=window, num_sliding_layers=_int(row, "sliding_window_layers"))
+    if "chunked local attention" in row["attention_type"]:
+        # Llama 4: chunked local attention (8192) on three of every four layers.
+        kwargs.update(sliding_window=8192, num_sliding_layers=layers - layers // 4)
+    return Model(**kwargs)
+
+
+def get_model(name: str) -> Model:
+    """A model preset by name (case-insensitive; HF ids and InferenceMAX names accepted).
+
+    Raises:
+        ValueError: unknown name, listing the valid ones.
+
+    Example:
+        >>> m = get_model("DeepSeek-R1-0528")
+        >>> m.attention, round(m.total_params / 1e9)
+        ('mla', 671)
+    """
+    return _build_model(model_key(name))
+
+
+def model_info(name: str) -> dict:
+    """The preset's data row (with its source)."""
+    return dict(_model_rows()[_MODELS[model_key(name)][0]])

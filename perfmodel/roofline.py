@@ -1,0 +1,324 @@
+"""Per-operator roofline of one engine step on one chip.
+
+An engine step runs `decode_seqs` sequences one token each (more with speculative
+verification) plus an optional prefill chunk. For every operator (QKV/attention/output
+projections, attention over the KV cache, router, routed experts, shared experts, dense FFN,
+LM head, and the collectives between chips) we count FLOPs and bytes on one chip of the
+instance and take
+
+    time = smooth_max(compute time, memory time, slice-fabric time) + kernel overhead,
+
+so a step's time is the sum over operators (operators within a step run back to back).
+Formulas: the scaling book ("How to Scale Your Model", inference chapter) for dense layers;
+DeepSeek-V3 (arXiv 2412.19437) for MLA, with weight absorption at decode.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from .architecture import Model
+from .design import Design, Layout
+from .hardware import Chip
+from .interconnect import collective_time
+from .moe import expert_load
+from .smooth import DEFAULT_SHARPNESS, smooth_max, smooth_min
+
+OPERATOR_NAMES = ("qkv_proj", "attention", "out_proj", "router", "experts", "shared_experts",
+                  "dense_ffn", "lm_head", "draft")
+
+
+class Operator(eqx.Module):
+    """One operator's work on one chip for a whole step (summed over its layers)."""
+
+    name: str = eqx.field(static=True)
+    flops: jnp.ndarray
+    """FLOPs on one chip (FLOP)."""
+    weight_bytes: jnp.ndarray
+    """Weight bytes read from HBM (bytes)."""
+    kv_bytes: jnp.ndarray
+    """KV-cache bytes read and written (bytes)."""
+    activation_bytes: jnp.ndarray
+    """Activation bytes read and written (bytes)."""
+    rows: jnp.ndarray
+    """Rows (tokens) of its matmuls: decides the reachable fraction of peak (tokens)."""
+    compute_mix: jnp.ndarray
+    """Weights over compute classes (sums to 1)."""
+    kernels: jnp.ndarray
+    """Kernel launches (count)."""
+    fabric_rows: jnp.ndarray
+    """Rows whose partial sums a partitioned weight placement reduces across slices."""
+
+    @property
+    def hbm_bytes(self):
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+
+    @property
+    def intensity(self):
+        """Arithmetic intensity (FLOP/byte)."""
+        return self.flops / jnp.maximum(self.hbm_bytes, 1e-30)
+
+
+class StepCost(eqx.Module):
+    """Time and work of one engine step on one chip."""
+
+    time: jnp.ndarray
+    """Seconds of the step (compute, memory, fabric, collectives and overheads)."""
+    flops: jnp.ndarray
+    hbm_bytes: jnp.ndarray
+    link_bytes: jnp.ndarray
+    """Bytes this chip sends over the network in the step."""
+    compute_energy: jnp.ndarray
+    """Dynamic energy of the step's FLOPs, each at its compute class's J/FLOP (J)."""
+    collective_time: jnp.ndarray
+    operator_times: tuple
+
+
+def operators(model: Model, chip: Chip, design: Design, layout: Layout, decode_seqs,
+              decode_context, prefill_tokens=0.0, prefill_context=0.0,
+              prefill_seqs=0.0) -> tuple[Operator, ...]:
+    """Operators of one step on one chip of an instance.
+
+    Args:
+        model, chip, design: specs; `layout` is the pool this step runs on.
+        decode_seqs: sequences decoding in the step, per instance.
+        decode_context: mean tokens in their KV cache.
+        prefill_tokens: prompt tokens processed in the step, per instance.
+        prefill_context: mean context those tokens attend to (about half the prompt).
+        prefill_seqs: requests whose prompts are in the chunk (their last token hits the LM
+            head).
+
+    Returns:
+        A tuple of `Operator`, named as `OPERATOR_NAMES`.
+    """
+    prec = design.precision
+    D, N, K, H = model.hidden, model.num_heads, model.num_kv_heads, model.head_dim
+    tp, ep = layout.tp, layout.ep
+    spec = design.speculative
+    verify = 1.0 + spec.draft_tokens
+    decode_seqs = jnp.asarray(decode_seqs, dtype=float)
+    decode_tokens = decode_seqs * verify
+    prefill_tokens = jnp.asarray(prefill_tokens, dtype=float)
+    tokens = decode_tokens + prefill_tokens
+    a = prec.activation_bytes
+    L = float(model.num_layers)
+
+    # Attention runs on its own share of tokens and heads.
+    if layout.dp_attention:
+        attn_tokens, heads, attn_weight_share, kv_share = tokens / tp, N, 1.0, 1.0
+        attn_decode_seqs = decode_seqs / tp
+        attn_prefill = prefill_tokens / tp
+    else:
+        attn_tokens, heads, attn_weight_share = tokens, N / tp, 1.0 / tp
+        kv_share = 1.0 if model.attention == "mla" else 1.0 / min(tp, K)
+        attn_decode_seqs, attn_prefill = decode_seqs, prefill_tokens
+
+    # Effective attended context per layer kind (sliding layers see at most the window).
+    window = float(model.sliding_window or 1)
+    n_full, n_slide = float(model.num_full_layers), float(model.num_sliding_layers)
+
+    def attended(ctx):
+        return n_full * ctx + n_slide * jnp.minimum(ctx, window)
+
+    decode_ctx_layers = attended(jnp.asarray(decode_context, dtype=float))
+    prefill_ctx_layers = attended(jnp.asarray(prefill_context, dtype=float))
+    kv_token_values = model.kv_values_per_token_layer
+
+    if model.attention == "mla":
+        r, qr = model.kv_lora_rank, model.qk_rope_head_dim
+        nope, vd, ql = model.qk_nope_head_dim, model.v_head_dim, model.q_lora_rank
+        q_in = ql if ql else D
+        proj_params = (D * ql if ql else 0) + q_in * N * (nope + qr) + D * (r + qr)
+        absorb_params = r * N * (nope + vd)
+        # Decode (absorbed): q_nope -> latent and latent -> v per head; attention over the
+        # 576-wide latent for scores and the 512-wide latent for values.
+        qkv_flops = 2.0 * attn_tokens * (proj_params * heads / N + absorb_params * heads / N)
+        attn_flops = (2.0 * attn_decode_seqs * verify * heads * decode_ctx_layers * (2 * r + qr)
+                      + 2.0 * attn_prefill * heads * prefill_ctx_layers * (nope + qr + vd))
+        out_params = N * vd * D
+    else:
+        proj_params = D * (N + 2 * K) * H
+        qkv_flops = 2.0 * attn_tokens * proj_params * heads / N
+        attn_flops = 4.0 * (attn_decode_seqs * verify * decode_ctx_layers
+                            + attn_prefill * prefill_ctx_layers) * heads * H
+        out_params = N * H * D
+        absorb_params = 0
+    qkv_weights = L * (proj_params + absorb_params) * attn_weight_share * prec.weight_bytes
+    kv_read = attn_decode_seqs * decode_ctx_layers * kv_token_values * kv_share * prec.kv_bytes
+    kv_write = (attn_decode_seqs * verify + attn_prefill) * L * kv_token_values * kv_share \
+        * prec.kv_bytes
+    # Chunked prefill re-reads the cached prefix of each request once per chunk.
+    kv_prefix = prefill_seqs / (tp if layout.dp_attention else 1) * prefill_ctx_layers \
+        * kv_token_values * kv_share * prec.kv_bytes
+    ops = []
+
+    def op(name, flops, weight_bytes, rows, mix, kernels, kv=0.0, act_features=0.0,
+           fabric_rows=0.0):
+        act = rows * act_features * a
+        ops.append(Operator(name=name, flops=jnp.asarray(flops, dtype=float),
+                            weight_bytes=jnp.asarray(weight_bytes, dtype=float),
+                            kv_bytes=jnp.asarray(kv, dtype=float),
+                            activation_bytes=jnp.asarray(act, dtype=float),
+                            rows=jnp.asarray(rows, dtype=float), compute_mix=mix,
+                            kernels=jnp.asarray(kernels, dtype=float),
+                            fabric_rows=jnp.asarray(fabric_rows, dtype=float)))
+
+    op("qkv_proj", L * qkv_flops, qkv_weights, attn_tokens, prec.weight_compute, 2 * L,
+       act_features=L * (D + (N + 2 * K) * H * heads / N), fabric_rows=L * attn_tokens)
+    op("attention", attn_flops, 0.0, attn_tokens, prec.attention_compute, L,
+       kv=kv_read + kv_write + kv_prefix)
+    op("out_proj", L * 2.0 * attn_tokens * out_params * heads / N,
+       L * out_params * attn_weight_share * prec.weight_bytes, attn_tokens,
+       prec.weight_compute, L, act_features=L * 2 * D, fabric_rows=L * attn_tokens)
+
+    # Feed-forward: routed experts, shared experts and dense layers.
+    n_moe, n_dense = float(model.num_moe_layers), float(model.num_dense_layers)
+    if model.is_moe:
+        touched, assignments, expert_rows = expert_load(model, tokens, ep)
+        expert_params = model.expert_params / layout.moe_tp
+        op("router", n_moe * 2.0 * tokens * model.router_params,
+           n_moe * model.router_params * prec.weight_bytes, tokens, prec.weight_compute,
+           n_moe, act_features=n_moe * D)
+        op("experts", n_moe * 2.0 * assignments * expert_params,
+           n_moe * touched * expert_params * prec.expert_bytes, expert_rows,
+           prec.expert_compute, 3 * n_moe,
+           act_features=n_moe * (2 * D + model.moe_ffn * 2 / layout.moe_tp)
+           * jnp.maximum(assignments, 0.0) / jnp.maximum(expert_rows, 1e-9),
+           fabric_rows=n_moe * assignments)
+        shared = model.num_shared_experts * model.expert_params / tp
+        op("shared_experts", n_moe * 2.0 * tokens * shared,
+           n_moe * shared * prec.weight_bytes, tokens, prec.weight_compute,
+           3 * n_moe * (model.num_shared_experts > 0), act_features=n_moe * 2 * D,
+           fabric_rows=n_moe * tokens * (model.num_shared_experts > 0))
+    dense = model.dense_ffn_params / tp if n_dense else 0.0
+    op("dense_ffn", n_dense * 2.0 * tokens * dense, n_dense * dense * prec.weight_bytes,
+       tokens, prec.weight_compute, 3 * n_dense, act_features=n_dense * 2 * D,
+       fabric_rows=n_dense * tokens)
+    head_rows = decode_tokens + jnp.asarray(prefill_seqs, dtype=float)
+    head = model.vocab * D / tp
+    op("lm_head", 2.0 * head_rows * head, head * prec.weight_bytes, head_rows,
+       prec.weight_compute, 1.0, act_features=D + model.vocab / tp, fabric_rows=head_rows)
+    # Draft module (MTP / EAGLE): k passes of about one layer plus the LM head, batch decode.
+    k = spec.draft_tokens
+    if model.is_moe:
+        ffn_params = (model.experts_per_token + model.num_shared_experts) \
+            * model.expert_params / tp
+    else:
+        ffn_params = dense
+    layer_params = model.attention_params_per_layer * attn_weight_share + ffn_params
+    draft_passes = k * spec.draft_layers
+    op("draft", draft_passes * 2.0 * decode_seqs * (layer_params + head),
+       draft_passes * (layer_params + head) * prec.weight_bytes,
+       decode_seqs, prec.weight_compute, draft_passes * 8.0,
+       kv=draft_passes * attn_decode_seqs * kv_token_values * kv_share * prec.kv_bytes
+       * jnp.asarray(decode_context, dtype=float))
+    return tuple(ops)
+
+
+def _communication(model: Model, chip: Chip, design: Design, layout: Layout, tokens):
+    """Seconds and bytes sent per chip for the collectives of one step."""
+    a = design.precision.activation_bytes
+    D, tp, ep = model.hidden, layout.tp, layout.ep
+    L = model.num_layers
+    n_moe, n_dense = model.num_moe_layers, model.num_dense_layers
+    message = tokens * D * a
+
+    def coll(kind, msg, n):
+        return collective_time(kind, msg, n, chip.scale_up, chip.scale_out, chip.domain_size)
+
+    time = jnp.zeros_like(message)
+    sent = jnp.zeros_like(message)
+    if tp > 1:
+        frac = 2.0 * (tp - 1) / tp
+        if layout.dp_attention:
+            # Attention is local; dense layers gather tokens and scatter results (= one
+            # all-reduce of the instance's tokens); MoE layers dispatch and combine.
+            time = time + n_dense * coll("all_reduce", message, tp)
+            sent = sent + n_dense * frac * message
+            if model.is_moe and ep > 1:
+                per_chip = message / tp * model.experts_per_token
+                time = time + n_moe * 2.0 * coll("all_to_all", per_chip, ep)
+                sent = sent + n_moe * 2.0 * per_chip * (ep - 1) / ep
+                if layout.moe_tp > 1:
+                    time = time + n_moe * coll("all_reduce", message / tp, layout.moe_tp)
+            elif model.is_moe:
+                time = time + n_moe * coll("all_reduce", message, tp)
+                sent = sent + n_moe * frac * message
+        else:
+            # Megatron-style: one all-reduce after attention, one after the FFN or MoE.
+            time = time + 2.0 * L * coll("all_reduce", message, tp)
+            sent = sent + 2.0 * L * frac * message
+    if layout.pp > 1:
+        time = time + (layout.pp - 1) * coll("p2p", message, 2)
+        sent = sent + (layout.pp - 1) / layout.pp * message
+    return time, sent
+
+
+def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip,
+                  sharpness=DEFAULT_SHARPNESS, hard: bool = False):
+    """Seconds of one operator on one chip: smooth max of compute, memory and slice-fabric
+    time, plus per-kernel overhead."""
+    eff = chip.efficiency
+    peak = jnp.sum(op.compute_mix * chip.peak_flops, axis=-1)
+    if op.name == "attention":
+        fraction = eff.attention_max * jnp.ones_like(op.rows)
+    else:
+        fraction = eff.compute_fraction(op.rows)
+    compute = op.flops / (peak * jnp.maximum(fraction, 1e-6))
+    # Slice mapping: interleaved reads cross the fabric; partitioned KV idles slices when
+    # fewer sequences than slices run; partitioned weights reduce partial sums across slices.
+    slices = chip.num_slices
+    wmap, kmap = design.mapping.weights, design.mapping.kv
+    busy = smooth_min(jnp.maximum(decode_seqs_per_chip, 1e-3), slices,
+                      sharpness=sharpness, hard=hard) / slices
+    kv_slowdown = kmap[..., 0] + kmap[..., 2] + kmap[..., 1] / busy
+    bandwidth = chip.hbm_bandwidth * eff.bandwidth_max
+    moved = op.weight_bytes + op.activation_bytes + op.kv_bytes * kv_slowdown
+    memory = moved / bandwidth + eff.memory_latency * (op.hbm_bytes > 0)
+    cross = (slices - 1.0) / slices
+    fabric_bytes = (cross * (wmap[..., 0] * op.weight_bytes + kmap[..., 0] * op.kv_bytes)
+                    + wmap[..., 1] * cross * op.fabric_rows * design.precision.activation_bytes
+                    * 2.0 * (op.weight_bytes > 0))
+    fabric = fabric_bytes / chip.slice_bandwidth
+    core = smooth_max(compute, memory, fabric, sharpness=sharpness, hard=hard)
+    return core + eff.kernel_overhead * op.kernels, fabric_bytes
+
+
+def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_seqs,
+              decode_context, prefill_tokens=0.0, prefill_context=0.0, prefill_seqs=0.0,
+              sharpness=DEFAULT_SHARPNESS, hard: bool = False) -> StepCost:
+    """Time and work of one engine step on one chip (see `operators` for the arguments).
+
+    The step also pays the runtime's `step_overhead` and the collectives between chips.
+    Pipeline stages (`layout.pp`) split layers: a micro-batch crosses every stage, so the step
+    time is that of all layers on one chip's share of weights, plus the stage hand-offs.
+
+    Example:
+        >>> from perfmodel.presets import get_chip, get_model
+        >>> from perfmodel.design import Design, Layout, precision
+        >>> chip, model = get_chip("h100"), get_model("llama-3.1-70b")
+        >>> d = Design(concurrency=1, layout=Layout(tp=8), precision=precision(chip, model))
+        >>> c = step_cost(model, chip, d, d.layout, 1.0, 1024.0)
+        >>> 0.004 < float(c.time) < 0.02
+        True
+    """
+    ops = operators(model, chip, design, layout, decode_seqs, decode_context,
+                    prefill_tokens, prefill_context, prefill_seqs)
+    seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / (layout.tp if layout.dp_attention
+                                                             else 1)
+    times, fabric = [], jnp.zeros(())
+    for op in ops:
+        t, f = operator_time(op, chip, design, seqs_per_chip, sharpness, hard)
+        times.append(t)
+        fabric = fabric + f
+    tokens = jnp.asarray(decode_seqs, dtype=float) * (1.0 + design.speculative.draft_tokens) \
+        + jnp.asarray(prefill_tokens, dtype=float)
+    comm, sent = _communication(model, chip, design, layout, tokens)
+    total = sum(times) + comm + design.runtime.step_overhead
+    flops = sum(op.flops for op in ops)
+    weighted = sum(op.flops * jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
+                   for op in ops)
+    return StepCost(time=total, flops=flops, hbm_bytes=sum(op.hbm_bytes for op in ops),
+                    link_bytes=sent, compute_energy=weighted, collective_time=comm,
+                    operator_times=tuple(times))

@@ -1,0 +1,350 @@
+"""Serving metrics of a deployment in steady state (InferenceX definitions).
+
+Aggregated serving (one pool, chunked prefill): each running request emits tau tokens per
+step (tau > 1 with speculative decoding), so the batch must take in b * tau * I / O prompt
+tokens per step to stay full. Those prompt tokens ride in chunks of
+c = smooth_max(that demand, min(I, max_batched_tokens)) tokens, carried by a fraction
+f = demand / c of the steps. A step costs T0 without a chunk and Tc with one, so
+
+    mean step  = T0 + f (Tc - T0),    TPOT = mean step / tau,
+    TTFT       = half a step (waiting for the step in flight) + own prefill
+                 + queueing when concurrency exceeds the batch that fits in memory,
+    E2E        = TTFT + (O - 1) TPOT,  throughput = concurrency / E2E (Little's law).
+
+Prefill work therefore costs both TTFT and TPOT, and TTFT grows with concurrency and input
+length, as InferenceMAX measures. Disaggregated serving runs prefill and decode on separate
+pools and moves each request's KV cache between them.
+
+Percentiles: p99 TPOT adds the binomial spread of how many chunk-carrying steps a request
+meets in its O / tau steps; p99 TTFT takes the longest prompt and, for a benchmark that
+starts all clients at once (InferenceMAX sends 10 prompts per client), the first wave's queue.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .architecture import Model
+from .design import Design, Disaggregated, Layout
+from .hardware import Chip
+from .kvcache import kv_bytes_per_request, max_batch, weight_bytes_per_chip
+from .power import apply_power_cap, dynamic_energy
+from .roofline import step_cost
+from .smooth import DEFAULT_SHARPNESS, smooth_max, smooth_min, soft_penalty
+from .workload import Workload
+
+METRIC_KEYS = ("concurrency", "tput_per_chip", "interactivity", "ttft_s", "tpot_s", "e2e_s",
+               "power_w", "tok_s_per_kw_tdp", "j_per_output_token")
+
+
+class Metrics(eqx.Module):
+    """Predicted serving metrics; every field an array (broadcast over sweeps)."""
+
+    concurrency: jnp.ndarray
+    ttft: jnp.ndarray
+    """Median time to first token (s)."""
+    tpot: jnp.ndarray
+    """Median time per output token after the first (s)."""
+    interactivity: jnp.ndarray
+    """Tokens/s/user = 1 / TPOT."""
+    e2e: jnp.ndarray
+    """Median end-to-end request latency (s)."""
+    p99_ttft: jnp.ndarray
+    p99_tpot: jnp.ndarray
+    throughput_per_chip: jnp.ndarray
+    """(Input + output) tokens/s per chip."""
+    input_throughput_per_chip: jnp.ndarray
+    output_throughput_per_chip: jnp.ndarray
+    tok_s_per_kw_tdp: jnp.ndarray
+    """Total tokens/s per kW of rated TDP."""
+    tok_s_per_mw_allin: jnp.ndarray
+    """Total tokens/s per MW of all-in power (chip, host, network, facility share)."""
+    power_per_chip: jnp.ndarray
+    """Average chip power while serving (W)."""
+    j_per_output_token: jnp.ndarray
+    """Chip energy per output token, prefill included (J)."""
+    running_batch: jnp.ndarray
+    """Sequences decoding per instance (the decode pool's when disaggregated)."""
+    max_batch: jnp.ndarray
+    """Sequences per instance whose KV cache fits."""
+    memory_excess: jnp.ndarray
+    """(weights + reserve + one sequence of KV) / usable HBM - 1: > 0 means it does not fit."""
+    memory_penalty: jnp.ndarray
+    """Smooth hinge of `memory_excess` (0 when it fits), for optimizers."""
+    fits: jnp.ndarray
+    """True when the weights and at least one full sequence fit on every chip."""
+    decode_step: jnp.ndarray
+    """Mean engine step time (s)."""
+    prefill_fraction: jnp.ndarray
+    """Fraction of steps that carry a prefill chunk (aggregated) or prefill-pool
+    utilisation (disaggregated)."""
+    throttle: jnp.ndarray
+    """Step-time stretch from the power cap (1 when it does not bind)."""
+
+    def as_dict(self) -> dict:
+        """The `perfmodel pareto` keys (floats for scalars)."""
+        values = {
+            "concurrency": self.concurrency, "tput_per_chip": self.throughput_per_chip,
+            "interactivity": self.interactivity, "ttft_s": self.ttft, "tpot_s": self.tpot,
+            "e2e_s": self.e2e, "power_w": self.power_per_chip,
+            "tok_s_per_kw_tdp": self.tok_s_per_kw_tdp,
+            "j_per_output_token": self.j_per_output_token,
+            "input_tput_per_chip": self.input_throughput_per_chip,
+            "output_tput_per_chip": self.output_throughput_per_chip,
+            "tok_s_per_mw_allin": self.tok_s_per_mw_allin, "p99_ttft_s": self.p99_ttft,
+            "p99_tpot_s": self.p99_tpot, "running_batch": self.running_batch,
+            "max_batch": self.max_batch, "fits": self.fits}
+        return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in values.items()}
+
+
+class _Pool(eqx.Module):
+    time: jnp.ndarray
+    power: jnp.ndarray
+    energy: jnp.ndarray
+    throttle: jnp.ndarray
+
+
+def _capped_step(model, chip, design, layout, kw, sharpness, hard):
+    cost = step_cost(model, chip, design, layout, sharpness=sharpness, hard=hard, **kw)
+    result = apply_power_cap(chip, cost.time, dynamic_energy(chip, cost), sharpness, hard)
+    return cost, result
+
+
+def _memory(model, chip, design, layout, context, sharpness):
+    rt = design.runtime
+    fit = max_batch(model, layout, design.precision, chip.hbm_capacity, context,
+                    rt.memory_fraction, rt.activation_reserve, design.mapping, chip.num_slices)
+    weights = weight_bytes_per_chip(model, layout, design.precision, design.mapping,
+                                    chip.num_slices)
+    usable = chip.hbm_capacity * rt.memory_fraction
+    one_seq = kv_bytes_per_request(model, context, design.precision.kv_bytes) / layout.pp
+    excess = (weights + rt.activation_reserve + one_seq) / usable - 1.0
+    return fit, excess, soft_penalty(excess, sharpness)
+
+
+def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, hard):
+    rt, spec = design.runtime, design.speculative
+    I, O = workload.mean_input_len, workload.mean_output_len
+    tau = spec.tokens_per_step
+    per_instance = concurrency / layout.replicas
+    context = I + O / 2.0
+    fit, excess, penalty = _memory(model, chip, design, layout, context, sharpness)
+    running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,
+                         sharpness=sharpness, hard=hard)
+    micro = running / layout.pp
+    demand = micro * tau * I / O
+    chunk = smooth_max(demand, jnp.minimum(I, rt.max_batched_tokens), sharpness=sharpness,
+                       hard=hard)
+    frequency = jnp.minimum(demand / chunk, 1.0)
+    _, plain = _capped_step(model, chip, design, layout,
+                            dict(decode_seqs=micro, decode_context=context), sharpness, hard)
+    _, mixed = _capped_step(model, chip, design, layout,
+                            dict(decode_seqs=micro, decode_context=context,
+                                 prefill_tokens=chunk, prefill_context=I / 2.0,
+                                 prefill_seqs=chunk / I), sharpness, hard)
+    step = plain.time + frequency * (mixed.time - plain.time)
+    energy = plain.dynamic_energy + frequency * (mixed.dynamic_energy - plain.dynamic_energy)
+    power = chip.idle_power + energy / step
+    tpot = step / tau
+    own_prefill = smooth_max(I / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
+    ttft_base = 0.5 * step + own_prefill
+    e2e_base = ttft_base + (O - 1.0) * tpot
+    e2e = e2e_base * per_instance / running
+    ttft = e2e - (O - 1.0) * tpot
+    requests_per_s = concurrency / e2e
+    # Percentiles.
+    steps = O / tau
+    spread = jnp.sqrt(frequency * (1.0 - frequency) / jnp.maximum(steps, 1.0))
+    p99_tpot = tpot + 2.326 * spread * (mixed.time - plain.time) / tau
+    longest = workload.input_len
+    p99_own = smooth_max(longest / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
+    _, burst = _capped_step(model, chip, design, layout,
+                            dict(decode_seqs=jnp.zeros_like(micro), decode_context=context,
+                                 prefill_tokens=rt.max_batched_tokens,
+                                 prefill_context=I / 2.0,
+                                 prefill_seqs=rt.max_batched_tokens / I), sharpness, hard)
+    wave = workload.first_wave_fraction
+    rank = jnp.clip(1.0 - 0.01 / jnp.maximum(wave, 1e-6), 0.0, 1.0)
+    burst_wait = rank * running * I / rt.max_batched_tokens * burst.time
+    p99_ttft = smooth_max(ttft - own_prefill + p99_own, burst_wait + p99_own,
+                          sharpness=sharpness, hard=hard)
+    return dict(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,
+                p99_ttft=p99_ttft, p99_tpot=p99_tpot, power=power, running=running,
+                fit=fit, excess=excess, penalty=penalty, step=step, prefill=frequency,
+                throttle=plain.throttle + frequency * (mixed.throttle - plain.throttle))
+
+
+def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurrency,
+                   sharpness, hard):
+    rt, spec = design.runtime, design.speculative
+    I, O = workload.mean_input_len, workload.mean_output_len
+    tau = spec.tokens_per_step
+    dec, pre = layout.decode, layout.prefill
+    context = I + O / 2.0
+    fit, excess, penalty = _memory(model, chip, design, dec, context, sharpness)
+    _, _, pre_penalty = _memory(model, chip, design, pre, I, sharpness)
+    per_instance = concurrency / dec.replicas
+    running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,
+                         sharpness=sharpness, hard=hard)
+    _, plain = _capped_step(model, chip, design, dec,
+                            dict(decode_seqs=running / dec.pp, decode_context=context),
+                            sharpness, hard)
+    tpot = plain.time / tau
+    # Prefill pool: prompts batched into chunks of max(I, max_batched_tokens).
+    chunk = smooth_max(I, rt.max_batched_tokens, sharpness=sharpness, hard=hard)
+    zero = jnp.zeros_like(running)
+    _, batch = _capped_step(model, chip, design, pre,
+                            dict(decode_seqs=zero, decode_context=zero, prefill_tokens=chunk,
+                                 prefill_context=I / 2.0, prefill_seqs=chunk / I),
+                            sharpness, hard)
+    _, single = _capped_step(model, chip, design, pre,
+                             dict(decode_seqs=zero, decode_context=zero, prefill_tokens=I,
+                                  prefill_context=I / 2.0, prefill_seqs=jnp.ones_like(I)),
+                             sharpness, hard)
+    prefill_capacity = pre.replicas * pre.pp * chunk / I / batch.time
+    kv = kv_bytes_per_request(model, I, design.precision.kv_bytes)
+    tier_up = pre.chips + dec.chips <= chip.domain_size
+    shard = kv / pre.tp
+    if tier_up:
+        transfer = chip.scale_up.time("p2p", shard, 2)
+    else:
+        transfer = chip.scale_out.time("p2p", shard, 2)
+    ttft_base = 0.5 * batch.time + single.time + transfer
+    e2e_base = ttft_base + (O - 1.0) * tpot
+    decode_capacity = dec.replicas * running / ((O - 1.0) * tpot + tpot)
+    demand = concurrency / e2e_base
+    requests_per_s = smooth_min(demand, prefill_capacity, decode_capacity,
+                                sharpness=sharpness, hard=hard)
+    e2e = concurrency / requests_per_s
+    ttft = e2e - (O - 1.0) * tpot
+    utilization = jnp.minimum(requests_per_s / prefill_capacity, 1.0)
+    pre_power = chip.idle_power + utilization * batch.dynamic_energy / batch.time
+    power = (pre.chips * pre_power + dec.chips * plain.power) / layout.chips
+    p99_ttft = ttft + (workload.input_len - I) / I * single.time
+    return dict(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,
+                p99_ttft=p99_ttft, p99_tpot=tpot, power=power, running=running, fit=fit,
+                excess=excess, penalty=penalty + pre_penalty, step=plain.time,
+                prefill=utilization, throttle=plain.throttle)
+
+
+def _validate(model: Model, chip: Chip, workload: Workload, design: Design):
+    if not isinstance(model, Model):
+        raise ValueError("model must be a perfmodel Model (see perfmodel.get_model)")
+    if not isinstance(chip, Chip):
+        raise ValueError("chip must be a perfmodel Chip (see perfmodel.get_chip)")
+    if not isinstance(workload, Workload):
+        raise ValueError("workload must be a perfmodel Workload")
+    if not isinstance(design, Design):
+        raise ValueError("design must be a perfmodel Design")
+    layouts = [design.layout] if isinstance(design.layout, Layout) else \
+        [design.layout.prefill, design.layout.decode]
+    for layout in layouts:
+        if model.is_moe and model.num_experts % layout.ep:
+            raise ValueError(f"layout ep={layout.ep} must divide the model's "
+                             f"{model.num_experts} experts")
+        if layout.pp > model.num_layers:
+            raise ValueError(f"layout pp={layout.pp} exceeds the model's {model.num_layers} "
+                             "layers")
+
+
+def _check_values(workload: Workload, design: Design, chip: Chip):
+    checks = [(workload.input_len, "workload.input_len must be > 0 tokens"),
+              (workload.output_len, "workload.output_len must be > 1 token"),
+              (design.concurrency, "design.concurrency must be > 0"),
+              (chip.hbm_bandwidth, "chip.hbm_bandwidth must be > 0"),
+              (chip.peak_flops, "chip.peak_flops must be > 0")]
+    minimum = {0: 0.0, 1: 1.0}
+    out = []
+    for i, (value, message) in enumerate(checks):
+        low = minimum.get(i, 0.0)
+        out.append(eqx.error_if(value, ~(value > low) | ~jnp.isfinite(value), message))
+    ratios = (workload.input_range_ratio, workload.output_range_ratio)
+    for r in ratios:
+        out.append(eqx.error_if(r, (r <= 0) | (r > 1),
+                                "workload range ratios must lie in (0, 1]"))
+    return out
+
+
+def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
+            sharpness=DEFAULT_SHARPNESS, hard: bool = False, check: bool = True) -> Metrics:
+    """Predict steady-state serving metrics of a design.
+
+    Pure JAX: jit, vmap and grad through chip, workload and design leaves.
+
+    Args:
+        model: architecture (static).
+        chip: accelerator spec.
+        workload: request lengths (and optional open-loop rate).
+        design: layout, precisions, mapping, speculative decoding, runtime, concurrency.
+        sharpness: p of the smooth max (traced); ignored when `hard`.
+        hard: static; exact max/min for reports.
+        check: static; raise on invalid traced values (`eqx.error_if`). Sweeps that prefer
+            to see flags may turn it off.
+
+    Returns:
+        `Metrics`.
+
+    Raises:
+        ValueError: structural misuse (before tracing); invalid values (at run time, with
+            `check`).
+
+    Example:
+        >>> import perfmodel as pm
+        >>> chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
+        >>> design = pm.Design(concurrency=8, layout=pm.Layout(tp=1),
+        ...                    precision=pm.precision(chip, model, "fp8"))
+        >>> m = pm.predict(model, chip, pm.Workload(1024, 1024), design)
+        >>> bool(m.fits) and 50 < float(m.interactivity) < 500
+        True
+    """
+    _validate(model, chip, workload, design)
+    if check:
+        checked = _check_values(workload, design, chip)
+        workload = eqx.tree_at(lambda w: (w.input_len, w.output_len), workload,
+                               (checked[0], checked[1]))
+        design = eqx.tree_at(lambda d: d.concurrency, design, checked[2])
+    concurrency = design.concurrency
+    if workload.request_rate is not None:
+        concurrency = _open_loop_concurrency(model, chip, workload, design, sharpness, hard)
+    run = _disaggregated if design.disaggregated else _aggregated
+    out = run(model, chip, workload, design, design.layout, concurrency, sharpness, hard)
+    chips = design.chips
+    I, O = workload.mean_input_len, workload.mean_output_len
+    rps = out["requests_per_s"]
+    total = rps * (I + O) / chips
+    power = out["power"]
+    return Metrics(
+        concurrency=concurrency, ttft=out["ttft"], tpot=out["tpot"],
+        interactivity=1.0 / out["tpot"], e2e=out["e2e"], p99_ttft=out["p99_ttft"],
+        p99_tpot=out["p99_tpot"], throughput_per_chip=total,
+        input_throughput_per_chip=rps * I / chips, output_throughput_per_chip=rps * O / chips,
+        tok_s_per_kw_tdp=total / (chip.tdp / 1e3),
+        tok_s_per_mw_allin=total / (chip.allin_power / 1e6), power_per_chip=power,
+        j_per_output_token=power * chips / (rps * O), running_batch=out["running"],
+        max_batch=out["fit"], memory_excess=out["excess"], memory_penalty=out["penalty"],
+        fits=(out["excess"] <= 0) & (out["fit"] >= 1.0), decode_step=out["step"],
+        prefill_fraction=out["prefill"], throttle=out["throttle"])
+
+
+def _open_loop_concurrency(model, chip, workload, design, sharpness, hard, iterations=30):
+    """In-flight requests under Poisson arrivals: the fixed point c = rate * E2E(c), damped.
+
+    Past saturation there is no fixed point; the iteration then grows c, and the result shows
+    the queue (E2E rising with each iteration) rather than a silent steady state.
+    """
+    rate = workload.request_rate
+    run = _disaggregated if design.disaggregated else _aggregated
+    closed = eqx.tree_at(lambda w: w.request_rate, workload, None,
+                         is_leaf=lambda x: x is None)
+
+    def body(_, c):
+        out = run(model, chip, closed, design, design.layout, c, sharpness, hard)
+        return 0.5 * c + 0.5 * rate * out["e2e"]
+
+    start = jnp.maximum(rate * 1e-3, 1e-3) * jnp.ones_like(design.concurrency)
+    return jax.lax.fori_loop(0, iterations, body, start)
+
+
+predict_jit = eqx.filter_jit(predict)
