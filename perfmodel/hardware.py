@@ -149,9 +149,9 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
 
     Dense (not sparse) peaks. A format left `None` is not native: it runs at the BF16 rate.
     `scaleup_gb_s` is per chip per direction; `scaleup_latency_us` is per algorithm step and
-    `collective_base_us` the fixed cost of any collective. `idle_w` defaults to 0.25 x TDP and `allin_kw`
-    to 2 x TDP (documented assumptions; presets give measured or published values where any
-    exist). `slice_tb_s` defaults to 2 x HBM bandwidth (a fabric that rarely binds).
+    `collective_base_us` the fixed cost of any collective. `idle_w` defaults to 0.15 x TDP
+    and `allin_kw` to 2 x TDP (documented assumptions; presets give published values where
+    any exist). `slice_tb_s` defaults to 2 x HBM bandwidth (a fabric that rarely binds).
 
     Raises:
         ValueError: a non-positive or missing required number, naming it.
@@ -183,7 +183,7 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
         hbm_capacity=hbm_gb * 1e9, sram_bytes=sram_mb * 1e6, num_slices=num_slices,
         slice_bandwidth=(slice_tb_s if slice_tb_s is not None else 2 * hbm_tb_s) * 1e12,
         scale_up=up, scale_out=out, tdp=tdp_w,
-        idle_power=idle_w if idle_w is not None else 0.25 * tdp_w,
+        idle_power=idle_w if idle_w is not None else 0.15 * tdp_w,
         allin_power=(allin_kw * 1e3) if allin_kw is not None else 2.0 * tdp_w,
         energy=energy if energy is not None else EnergyCoefficients(),
         efficiency=efficiency if efficiency is not None else Efficiency())

@@ -23,7 +23,7 @@ def expected_experts_touched(tokens, num_experts: int, experts_per_token: int):
         Expected distinct experts (float, same shape as `tokens`).
 
     Example:
-        >>> float(expected_experts_touched(1.0, 256, 8))
+        >>> round(float(expected_experts_touched(1.0, 256, 8)), 9)
         8.0
         >>> round(float(expected_experts_touched(4096.0, 256, 8)), 3)
         256.0

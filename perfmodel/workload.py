@@ -22,7 +22,7 @@ class Workload(eqx.Module):
 
     Example:
         >>> w = Workload(input_len=8192, output_len=1024)
-        >>> float(w.mean_input_len)
+        >>> round(float(w.mean_input_len), 1)
         7372.8
     """
 

@@ -1,0 +1,13 @@
+"""Test configuration: float64 and strict promotion (as STYLE.md asks), warnings are errors
+(pyproject), and a fixed hypothesis profile that fits CI's 2 cores."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=25, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
