@@ -1,0 +1,77 @@
+"""The `perfmodel` command line: `perfmodel <command> [options]`.
+
+Subcommands live in `perfmodel/commands/`, one module per name in `_COMMANDS`, each with a
+`register(subparsers)` that adds its parser and `set_defaults(func=...)`. Errors (bad names,
+values, a model that does not fit) print one line, ``perfmodel: error: ...``, to stderr and
+exit with status 2; never a traceback.
+
+Example:
+    >>> main(["pareto", "--chip", "nonesuch"])   # stderr: perfmodel: error: unknown chip ...
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: Modules of `perfmodel.commands` that provide subcommands, in help order.
+_COMMANDS = ("pareto", "compare", "predict", "optimize")
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises instead of printing usage and exiting, so `main` can
+    print one line."""
+
+    def error(self, message):
+        raise _UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser with every subcommand of `_COMMANDS` registered."""
+    parser = _Parser(prog="perfmodel",
+                     description="Differentiable performance model of LLM inference.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                       parser_class=_Parser)
+    for name in _COMMANDS:
+        importlib.import_module(f"perfmodel.commands.{name}").register(subparsers)
+    return parser
+
+
+def _fail(message: str) -> int:
+    text = " ".join(str(message).split())   # one line, whatever the message held
+    print(f"perfmodel: error: {text}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: arguments without the program name (default `sys.argv[1:]`).
+
+    Returns:
+        The exit status: 0 on success, 2 on a usage or value error.
+    """
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except _UsageError as error:
+        return _fail(error)
+    except ValueError as error:
+        return _fail(error)
+    except BrokenPipeError:   # `perfmodel pareto | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

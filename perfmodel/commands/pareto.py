@@ -1,0 +1,63 @@
+"""`perfmodel pareto`: the throughput-per-chip vs interactivity front of one chip and model."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import add_format_arg, add_spec_args, positive_int, render, resolve
+
+#: Table columns: (row key, header, format).
+COLUMNS = (
+    ("concurrency", "conc", ".0f"),
+    ("layout", "layout", "s"),
+    ("tput_per_chip", "tok/s/chip", "sig"),
+    ("interactivity", "tok/s/user", "sig"),
+    ("ttft_s", "TTFT s", "sig"),
+    ("tpot_ms", "TPOT ms", "sig"),
+    ("e2e_s", "E2E s", "sig"),
+    ("power_w", "power W", ".0f"),
+    ("tok_s_per_kw_tdp", "tok/s/kW", "sig"),
+    ("j_per_output_token", "J/out tok", "sig"),
+)
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "pareto", help="throughput per chip vs interactivity Pareto front",
+        description="Sweep parallel layouts and concurrency on N chips and print the Pareto "
+                    "front of throughput per chip against tokens/s/user.")
+    add_spec_args(parser)
+    parser.add_argument("--chips", type=positive_int, default=None,
+                        help="chips in the deployment (default: the smallest power of two that "
+                             "holds the weights and a useful batch)")
+    add_format_arg(parser)
+    parser.add_argument("--plot", metavar="FILE.png", default=None,
+                        help="also write a labelled plot of the sweep and its front")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args) -> int:
+    from ..sweep import sweep
+    from ..workload import Workload
+
+    model, chip, fmt = resolve(args)
+    if args.plot is not None and not args.plot.lower().endswith((".png", ".pdf", ".svg")):
+        raise ValueError(f"--plot {args.plot!r}: the file name must end in .png, .pdf or .svg")
+    result = sweep(model, chip, Workload(args.isl, args.osl), chips=args.chips, precision=fmt)
+    rows = result.rows()
+    if args.format == "table":
+        shown = [dict(row, tpot_ms=row["tpot_s"] * 1e3) for row in rows]
+    else:
+        shown = rows
+    text = render(shown, args.format, COLUMNS)
+    if args.format == "table":
+        print(f"# {result.model} on {result.chips} x {result.chip}, weights/experts/kv "
+              f"{'/'.join(result.precision)}, ISL {args.isl} OSL {args.osl}: "
+              f"{len(result.layouts)} layouts, {len(result.layout_index)} points that fit, "
+              f"{len(rows)} on the front")
+    print(text)
+    if args.plot is not None:
+        from ..plots import pareto, save
+        save(pareto([result]).figure, args.plot)
+    return 0

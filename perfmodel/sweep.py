@@ -1,0 +1,513 @@
+"""Sweeps over parallel layouts and concurrency; the throughput-interactivity Pareto front.
+
+A sweep of N chips enumerates the parallel layouts that fit them (tensor parallelism `tp` in
+powers of two up to the scale-up domain, experts over `ep` in {1, tp} and DP attention for
+MoE models, pipeline stages `pp` only where the weights need them, `N / (tp pp)` replicas),
+evaluates every layout over a log grid of concurrency with one vmapped `predict` (hard max, as
+for reports), drops points whose running batch does not fit in memory, and keeps the points no
+other point beats on both throughput per chip and interactivity: the front InferenceMAX plots
+(throughput per GPU against tokens/s/user).
+
+Replicas do not change per-chip metrics of a closed loop: R replicas at concurrency R c serve
+exactly as one replica at c (`serving.predict` splits concurrency evenly), so each layout is
+evaluated once, with one replica, and its points are reported at R times the concurrency.
+
+`auto_chips` picks the smallest power-of-two chip count whose best layout holds a useful batch
+of sequences in memory: one or a few GPUs for most models, hundreds to thousands of
+SRAM-only Groq chips or small TPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .architecture import Model
+from .design import Design, Layout, Precision, Runtime, SliceMapping, SpecDecode, precision
+from .hardware import Chip
+from .kvcache import max_batch
+from .presets import get_chip, get_model
+from .serving import METRIC_KEYS, Metrics, predict
+from .smooth import DEFAULT_SHARPNESS
+from .workload import Workload
+
+#: Concurrency per replica of the default sweep: powers of two from 1 to 4096 (requests).
+DEFAULT_GRID: tuple[float, ...] = tuple(2.0**k for k in range(13))
+
+#: Low-precision formats in order of preference for `default_precision`.
+_PREFERENCE = ("fp4", "fp8", "int8", "bf16")
+
+#: Chip specs `elasticities` perturbs by default: datasheet numbers, dotted paths into `Chip`.
+CHIP_SPECS: tuple[str, ...] = ("peak_flops", "hbm_bandwidth", "hbm_capacity", "slice_bandwidth",
+                               "scale_up.bandwidth", "scale_out.bandwidth", "tdp", "idle_power")
+
+#: Per-point values a `Sweep` keeps, beyond `serving.METRIC_KEYS`.
+EXTRA_KEYS = ("input_tput_per_chip", "output_tput_per_chip", "tok_s_per_mw_allin", "p99_ttft_s",
+              "p99_tpot_s", "running_batch", "max_batch", "prefill_fraction", "throttle")
+
+
+def _resolve(model: Model | str, chip: Chip | str) -> tuple[Model, Chip]:
+    model = get_model(model) if isinstance(model, str) else model
+    chip = get_chip(chip) if isinstance(chip, str) else chip
+    if not isinstance(model, Model):
+        raise ValueError("model must be a perfmodel Model or a preset name "
+                         "(perfmodel.model_names())")
+    if not isinstance(chip, Chip):
+        raise ValueError("chip must be a perfmodel Chip or a preset name "
+                         "(perfmodel.chip_names())")
+    return model, chip
+
+
+def default_precision(chip: Chip, model: Model) -> str:
+    """The narrowest weight format the chip computes natively: fp4, else fp8, int8, bf16.
+
+    Args:
+        chip: decides which compute classes are native.
+        model: unused today beyond validation; kept so a model-aware rule can be added
+            without changing callers.
+
+    Returns:
+        A format name accepted by `design.precision`.
+
+    Example:
+        >>> from perfmodel.presets import get_chip, get_model
+        >>> [default_precision(get_chip(c), get_model("deepseek-r1")) for c in ("b200", "h100")]
+        ['fp4', 'fp8']
+    """
+    del model
+    for fmt in _PREFERENCE:
+        if fmt in chip.native_classes:
+            return fmt
+    return "bf16"
+
+
+def default_runtime(chip: Chip) -> Runtime:
+    """Serving-runtime settings of a sweep: `Runtime()` with the activation reserve capped at
+    10% of the chip's memory, so 230 MB SRAM-only chips (Groq) are not swamped by the 4 GB
+    reserve of an 80 GB GPU (an assumption: activations shrink with the per-chip share of a
+    layer).
+
+    Example:
+        >>> from perfmodel.presets import get_chip
+        >>> float(default_runtime(get_chip("h100")).activation_reserve) / 1e9
+        4.0
+    """
+    reserve = min(4e9, 0.1 * float(chip.hbm_capacity))
+    return Runtime(activation_reserve=reserve)
+
+
+def _as_precision(chip: Chip, model: Model, fmt: Precision | str | None) -> Precision:
+    if isinstance(fmt, Precision):
+        return fmt
+    return precision(chip, model, fmt if fmt is not None else default_precision(chip, model))
+
+
+def _context(workload: Workload) -> float:
+    # The context serving.predict sizes the KV cache at: mean prompt plus half the output.
+    return float(workload.mean_input_len + workload.mean_output_len / 2.0)
+
+
+def _check_lengths(isl, osl):
+    for name, value, low in (("input length (isl)", isl, 1), ("output length (osl)", osl, 2)):
+        if not (np.isfinite(float(value)) and float(value) >= low):
+            raise ValueError(f"{name} must be >= {low} tokens, got {value!r}")
+
+
+def _memory_key(chip: Chip, prec: Precision, runtime: Runtime) -> tuple[float, ...]:
+    # The numbers the batch that fits depends on, as a hashable key (concrete specs only).
+    return tuple(float(x) for x in (chip.hbm_capacity, chip.num_slices, prec.weight_bytes,
+                                    prec.expert_bytes, prec.kv_bytes, runtime.memory_fraction,
+                                    runtime.activation_reserve))
+
+
+@functools.lru_cache(maxsize=8192)
+def _fit(model: Model, key: tuple[float, ...], tp: int, ep: int, pp: int, dpa: bool,
+         context: float) -> float:
+    capacity, slices, weight, expert, kv, fraction, reserve = key
+    mix = jnp.zeros(4)
+    prec = Precision(weight_bytes=weight, expert_bytes=expert, kv_bytes=kv,
+                     activation_bytes=2.0, weight_compute=mix, expert_compute=mix,
+                     attention_compute=mix)
+    layout = Layout(tp=tp, ep=ep, pp=pp, dp_attention=dpa)
+    return float(max_batch(model, layout, prec, capacity, context, fraction, reserve, None,
+                           slices))
+
+
+def _batch_that_fits(model, chip, prec, runtime, layout, context) -> float:
+    """Sequences per replica whose KV fits (kvcache.max_batch), cached per layout shape."""
+    return _fit(model, _memory_key(chip, prec, runtime), layout.tp, layout.ep, layout.pp,
+                layout.dp_attention, context)
+
+
+def _shapes(model: Model, chip: Chip):
+    """(tp, ep, dp_attention) candidates, before memory and chip-count checks."""
+    tp = 1
+    while tp <= chip.domain_size:
+        eps = sorted({1, tp}) if model.is_moe else [1]
+        for ep in eps:
+            if model.is_moe and model.num_experts % ep:
+                continue
+            for dpa in ((False, True) if (model.is_moe and tp > 1) else (False,)):
+                yield tp, ep, dpa
+        tp *= 2
+
+
+def candidate_layouts(model: Model | str, chip: Chip | str, chips: int,
+                      workload: Workload | None = None, precision: Precision | str | None = None,
+                      runtime: Runtime | None = None, min_batch: float = 1.0
+                      ) -> tuple[Layout, ...]:
+    """The parallel layouts of `chips` chips that hold the weights and `min_batch` sequences.
+
+    `tp` runs over powers of two up to min(chips, scale-up domain) (past the query heads it
+    splits head dimensions, a fractional head count in `roofline`), `ep` over {1, tp} where it
+    divides the experts, DP attention on and off for MoE models, and `pp` is the smallest
+    power of two (at most the layer count) for which the weights and `min_batch` sequences of
+    KV fit; the rest of the chips are replicas.
+
+    Args:
+        model, chip: specs or preset names.
+        chips: chips in the deployment (a positive integer).
+        workload: sizes the KV cache of a sequence (default ISL 8192, OSL 1024).
+        precision: a `Precision` or a weight format name (default: `default_precision`).
+        runtime: memory fraction and reserve (default: `default_runtime`).
+        min_batch: sequences per replica that must fit (count).
+
+    Returns:
+        Layouts, sorted by tp, ep, dp_attention.
+
+    Raises:
+        ValueError: a non-positive chip count.
+
+    Example:
+        >>> [l.describe() for l in candidate_layouts("llama-3.1-70b", "h100", 4)]
+        ['2xtp1-pp2', '2xtp2', 'tp4']
+    """
+    model, chip = _resolve(model, chip)
+    if not isinstance(chips, (int, np.integer)) or isinstance(chips, bool) or chips < 1:
+        raise ValueError(f"chips must be a positive integer, got {chips!r}")
+    chips = int(chips)
+    workload = workload if workload is not None else Workload(8192, 1024)
+    prec = _as_precision(chip, model, precision)
+    runtime = runtime if runtime is not None else default_runtime(chip)
+    context = _context(workload)
+    found = []
+    for tp, ep, dpa in _shapes(model, chip):
+        if tp > chips:
+            break
+        pp = 1
+        while pp <= model.num_layers and tp * pp <= chips:
+            if chips % (tp * pp) == 0:
+                layout = Layout(tp=tp, ep=ep, pp=pp, dp_attention=dpa,
+                                replicas=chips // (tp * pp))
+                if _batch_that_fits(model, chip, prec, runtime, layout, context) >= min_batch:
+                    found.append(layout)
+                    break
+            pp *= 2
+    return tuple(found)
+
+
+def auto_chips(model: Model | str, chip: Chip | str, precision: Precision | str | None = None,
+               isl: float = 8192, osl: float = 1024, *, min_batch: float = 32.0,
+               max_chips: int = 1 << 16) -> int:
+    """The smallest power-of-two chip count with a layout that holds a useful batch.
+
+    A useful batch is `min_batch` sequences per replica at the mean context of the workload.
+    Where no count up to `max_chips` reaches it (the KV of a long request outgrows a small
+    SRAM even at the deepest pipeline), the smallest count that reaches the largest batch any
+    count allows is returned.
+
+    Args:
+        model, chip: specs or preset names.
+        precision: a `Precision` or weight format name (default: `default_precision`).
+        isl, osl: nominal input and output lengths (tokens).
+        min_batch: sequences per replica (count).
+        max_chips: the largest count tried.
+
+    Returns:
+        A chip count (a power of two).
+
+    Raises:
+        ValueError: non-positive lengths, or the weights fit on no count up to `max_chips`.
+
+    Example:
+        >>> auto_chips("llama-3.1-8b", "h100", "bf16", 1024, 1024)
+        1
+        >>> auto_chips("deepseek-r1", "gb200", "fp4", 8192, 1024)
+        4
+    """
+    model, chip = _resolve(model, chip)
+    _check_lengths(isl, osl)
+    workload = Workload(float(isl), float(osl))
+    prec = _as_precision(chip, model, precision)
+    runtime = default_runtime(chip)
+    context = _context(workload)
+    best, best_chips = 0.0, None
+    chips = 1
+    while chips <= max_chips:
+        fits = [_batch_that_fits(model, chip, prec, runtime, layout, context)
+                for layout in candidate_layouts(model, chip, chips, workload, prec, runtime)]
+        batch = max(fits, default=0.0)
+        if batch >= min_batch:
+            return chips
+        if batch > best * (1.0 + 1e-9):
+            best, best_chips = batch, chips
+        chips *= 2
+    if best_chips is None:
+        raise ValueError(f"{model.name} ({'/'.join(prec.names)}) fits on no count of up to "
+                         f"{max_chips} {chip.name} chips")
+    return best_chips
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Sweep:
+    """Every fitting point of a sweep and its Pareto front.
+
+    Attributes:
+        model, chip: preset names.
+        chips: chips in the deployment.
+        precision: (weights, experts, kv) format names.
+        input_len, output_len: nominal ISL and OSL (tokens).
+        layouts: the layouts evaluated.
+        layout_index: index into `layouts` of each point (int array).
+        values: per-point arrays keyed by `serving.METRIC_KEYS` and `EXTRA_KEYS`;
+            `concurrency` counts requests over the whole deployment.
+        front: indices of the Pareto-optimal points, by rising throughput per chip.
+    """
+
+    model: str
+    chip: str
+    chips: int
+    precision: tuple[str, ...]
+    input_len: float
+    output_len: float
+    layouts: tuple[Layout, ...]
+    layout_index: np.ndarray
+    values: dict
+    front: np.ndarray
+
+    def rows(self, which: str = "front") -> list[dict]:
+        """Points as dicts of plain Python values (`which` is "front" or "all").
+
+        Each row has the `serving.METRIC_KEYS`, `EXTRA_KEYS`, `layout` (e.g. "2xtp4-ep4-dpa")
+        and its `tp`, `ep`, `pp`, `dp_attention`, `replicas`, `chips`, and `precision`.
+        """
+        if which not in ("front", "all"):
+            raise ValueError(f"which must be 'front' or 'all', got {which!r}")
+        index = self.front if which == "front" else np.arange(len(self.layout_index))
+        out = []
+        for i in index:
+            layout = self.layouts[int(self.layout_index[i])]
+            row = {key: float(self.values[key][i]) for key in METRIC_KEYS + EXTRA_KEYS}
+            row.update(layout=layout.describe(), tp=layout.tp, ep=layout.ep, pp=layout.pp,
+                       dp_attention=layout.dp_attention, replicas=layout.replicas,
+                       chips=layout.chips, precision="/".join(self.precision))
+            out.append(row)
+        return out
+
+
+def pareto_front(throughput, interactivity) -> np.ndarray:
+    """Indices of the points no other point beats on both axes (larger is better on each).
+
+    Ties keep one point. Non-finite points are never on the front.
+
+    Args:
+        throughput: throughput per chip of each point (any positive unit).
+        interactivity: tokens/s/user of each point.
+
+    Returns:
+        Indices sorted by rising throughput (hence falling interactivity).
+
+    Example:
+        >>> pareto_front([1.0, 2.0, 1.5, 3.0], [9.0, 5.0, 4.0, 1.0]).tolist()
+        [0, 1, 3]
+    """
+    x = np.asarray(throughput, dtype=float).ravel()
+    y = np.asarray(interactivity, dtype=float).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"throughput has {x.size} points but interactivity has {y.size}")
+    ok = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+    # Highest throughput first; among equal throughput, highest interactivity first.
+    order = ok[np.lexsort((-y[ok], -x[ok]))]
+    keep, best = [], -np.inf
+    for i in order:
+        if y[i] > best:
+            keep.append(i)
+            best = y[i]
+    return np.asarray(keep[::-1], dtype=int)
+
+
+def _evaluate(model: Model, chip: Chip, workload: Workload, design: Design, concurrency):
+    """One vmapped `predict` over a vector of concurrencies (hard max, no run-time checks:
+    the sweep filters non-finite points itself)."""
+
+    def one(c):
+        d = eqx.tree_at(lambda x: x.concurrency, design, c)
+        return predict(model, chip, workload, d, hard=True, check=False)
+
+    return eqx.filter_vmap(one)(concurrency)
+
+
+_evaluate_jit = eqx.filter_jit(_evaluate)
+
+
+def _values(metrics: Metrics, replicas: int) -> dict:
+    get = lambda x: np.asarray(x, dtype=float)
+    return {
+        "concurrency": get(metrics.concurrency) * replicas,
+        "tput_per_chip": get(metrics.throughput_per_chip),
+        "interactivity": get(metrics.interactivity), "ttft_s": get(metrics.ttft),
+        "tpot_s": get(metrics.tpot), "e2e_s": get(metrics.e2e),
+        "power_w": get(metrics.power_per_chip), "tok_s_per_kw_tdp": get(metrics.tok_s_per_kw_tdp),
+        "j_per_output_token": get(metrics.j_per_output_token),
+        "input_tput_per_chip": get(metrics.input_throughput_per_chip),
+        "output_tput_per_chip": get(metrics.output_throughput_per_chip),
+        "tok_s_per_mw_allin": get(metrics.tok_s_per_mw_allin), "p99_ttft_s": get(metrics.p99_ttft),
+        "p99_tpot_s": get(metrics.p99_tpot), "running_batch": get(metrics.running_batch),
+        "max_batch": get(metrics.max_batch), "prefill_fraction": get(metrics.prefill_fraction),
+        "throttle": get(metrics.throttle), "fits": np.asarray(metrics.fits, dtype=bool)}
+
+
+def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None, *,
+          chips: int | None = None, precision: Precision | str | None = None,
+          grid=DEFAULT_GRID, runtime: Runtime | None = None, jit: bool = False) -> Sweep:
+    """Evaluate every layout of `chips` chips over a concurrency grid; find the Pareto front.
+
+    Each layout is one vmapped `predict` over the grid (per replica), plus one point at the
+    largest batch that fits, so the front reaches the memory limit. Points whose batch does
+    not fit or whose metrics are not finite are dropped.
+
+    Args:
+        model, chip: specs or preset names.
+        workload: request lengths (default ISL 8192, OSL 1024).
+        chips: chips in the deployment (default: `auto_chips`).
+        precision: a `Precision` or weight format name (default: `default_precision`).
+        grid: concurrencies per replica (requests, positive).
+        runtime: serving-runtime settings (default: `default_runtime`).
+        jit: compile each layout's vmapped predict (`eqx.filter_jit`). Compiling costs about
+            a second per layout on a CPU against about 0.15 s for the eager vmapped call, so
+            it pays only for repeated sweeps with the same layouts.
+
+    Returns:
+        A `Sweep`.
+
+    Raises:
+        ValueError: invalid lengths, chip count or grid; no layout of `chips` chips holds the
+            model, naming the smallest count that does.
+
+    Example:
+        >>> s = sweep("llama-3.1-8b", "h100", Workload(1024, 1024), chips=1, grid=(1., 8., 64.))
+        >>> rows = s.rows()
+        >>> rows[0]["layout"], rows[0]["tput_per_chip"] < rows[-1]["tput_per_chip"]
+        ('tp1', True)
+    """
+    model, chip = _resolve(model, chip)
+    workload = workload if workload is not None else Workload(8192, 1024)
+    _check_lengths(float(workload.input_len), float(workload.output_len))
+    prec = _as_precision(chip, model, precision)
+    runtime = runtime if runtime is not None else default_runtime(chip)
+    grid = np.asarray(grid, dtype=float).ravel()
+    if grid.size == 0 or not np.all(np.isfinite(grid) & (grid > 0)):
+        raise ValueError(f"grid must hold positive finite concurrencies, got {grid.tolist()}")
+    isl, osl = float(workload.input_len), float(workload.output_len)
+    if chips is None:
+        chips = auto_chips(model, chip, prec, isl, osl)
+    layouts = candidate_layouts(model, chip, chips, workload, prec, runtime)
+    if not layouts:
+        try:
+            smallest = auto_chips(model, chip, prec, isl, osl, min_batch=1.0)
+            need = f"; the smallest count that holds it is {smallest}"
+        except ValueError:
+            need = ""
+        raise ValueError(f"{model.name} ({'/'.join(prec.names)}) does not fit in {chips} "
+                         f"{chip.name} chip(s) at ISL {isl:g} / OSL {osl:g}{need}")
+    evaluate = _evaluate_jit if jit else _evaluate
+    context = _context(workload)
+    parts, index = [], []
+    for i, layout in enumerate(layouts):
+        fit = _batch_that_fits(model, chip, prec, runtime, layout, context)
+        cap = float(np.floor(fit))
+        per_replica = np.unique(np.concatenate([grid, [cap]])) if cap < grid.max() else grid
+        single = dataclasses.replace(layout, replicas=1)
+        # Fresh defaults: class-level ones were built at import, before x64 may have been on.
+        design = Design(concurrency=1.0, layout=single, precision=prec, runtime=runtime,
+                        mapping=SliceMapping(), speculative=SpecDecode())
+        metrics = evaluate(model, chip, workload, design, jnp.asarray(per_replica))
+        values = _values(metrics, layout.replicas)
+        finite = np.all([np.isfinite(values[k]) for k in METRIC_KEYS], axis=0)
+        keep = values["fits"] & finite & (per_replica <= fit * (1.0 + 1e-9))
+        parts.append({k: v[keep] for k, v in values.items()})
+        index.append(np.full(int(keep.sum()), i))
+    values = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    layout_index = np.concatenate(index)
+    front = pareto_front(values["tput_per_chip"], values["interactivity"])
+    return Sweep(model=model.name, chip=chip.name, chips=int(chips), precision=prec.names,
+                 input_len=isl, output_len=osl, layouts=layouts, layout_index=layout_index,
+                 values=values, front=front)
+
+
+def _spec(chip: Chip, path: str):
+    node = chip
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def elasticities(model: Model | str, chip: Chip | str, workload: Workload, design: Design,
+                 metric: str = "tok_s_per_kw_tdp", specs: tuple[str, ...] = CHIP_SPECS,
+                 sharpness=DEFAULT_SHARPNESS) -> dict[str, float]:
+    """Elasticities d log(metric) / d log(spec) of a design's metric to the chip's specs.
+
+    One reverse-mode gradient through the smooth model: +1 means 1% more of the spec gives 1%
+    more of the metric; 0 means the spec does not bind. A vector spec (`peak_flops`) is scaled
+    as a whole.
+
+    Args:
+        model, chip: specs or preset names.
+        workload, design: the operating point.
+        metric: a `Metrics` field (e.g. "tok_s_per_kw_tdp", "throughput_per_chip",
+            "interactivity").
+        specs: dotted paths of positive array leaves of `Chip` (see `CHIP_SPECS`).
+        sharpness: p of the smooth max.
+
+    Returns:
+        {spec: elasticity}.
+
+    Raises:
+        ValueError: an unknown metric or spec.
+
+    Example:
+        >>> import perfmodel as pm
+        >>> chip, model = pm.get_chip("h100"), pm.get_model("llama-3.1-8b")
+        >>> d = pm.Design(concurrency=1.0, layout=pm.Layout(tp=1),
+        ...               precision=pm.precision(chip, model, "fp8"))
+        >>> e = elasticities(model, chip, pm.Workload(1024, 1024), d, "interactivity")
+        >>> max(e, key=e.get)          # batch 1 decode is bandwidth-bound
+        'hbm_bandwidth'
+    """
+    model, chip = _resolve(model, chip)
+    if metric not in {f.name for f in dataclasses.fields(Metrics)}:
+        valid = ", ".join(f.name for f in dataclasses.fields(Metrics))
+        raise ValueError(f"unknown metric {metric!r}; valid metrics: {valid}")
+    for path in specs:
+        try:
+            leaf = _spec(chip, path)
+        except AttributeError:
+            raise ValueError(f"unknown chip spec {path!r}; try one of {CHIP_SPECS}") from None
+        if not eqx.is_array(leaf):
+            raise ValueError(f"chip spec {path!r} is not an array leaf")
+    getters = tuple((lambda c, p=path: _spec(c, p)) for path in specs)
+
+    def log_metric(log_scale):
+        leaves = tuple(get(chip) * jnp.exp(s) for get, s in zip(getters, log_scale, strict=True))
+        scaled = eqx.tree_at(lambda c: tuple(get(c) for get in getters), chip, leaves)
+        out = predict(model, scaled, workload, design, sharpness=sharpness)
+        return jnp.log(getattr(out, metric))
+
+    grads = jax.grad(log_metric)(jnp.zeros(len(specs)))
+    return {path: float(g) for path, g in zip(specs, grads, strict=True)}
+

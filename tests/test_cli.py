@@ -1,0 +1,138 @@
+"""The `perfmodel` command line: `pareto` on every chip preset, output formats, the plot, and
+one-line errors."""
+
+import csv
+import io
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import perfmodel as pm
+from perfmodel.cli import _COMMANDS, build_parser, main
+from perfmodel.serving import METRIC_KEYS
+
+MODELS = ("gpt-oss-120b", "deepseek-r1", "kimi-k2.5")
+# Covers every kind of path in the default run: HGX (pipeline + DP attention), NVL72, AMD,
+# torus TPUs (small and large), SRAM-only Groq (thousands of chips), Jalapeno's slices.
+FAST = {("deepseek-r1", "gb200"), ("gpt-oss-120b", "h100"), ("kimi-k2.5", "b200"),
+        ("gpt-oss-120b", "mi355x"), ("gpt-oss-120b", "tpu-v6e"), ("deepseek-r1", "groq-lpu"),
+        ("kimi-k2.5", "jalapeno"), ("gpt-oss-120b", "tpu-v7")}
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _check_front(rows, chip_name):
+    assert rows, f"empty front on {chip_name}"
+    for row in rows:
+        for key in METRIC_KEYS:
+            assert isinstance(row[key], float) and np.isfinite(row[key]) and row[key] > 0, key
+        assert re.fullmatch(r"(\d+x)?tp\d+(-ep\d+)?(-pp\d+)?(-dpa)?", row["layout"]), row
+        assert row["chips"] == row["tp"] * row["pp"] * row["replicas"]
+    tput = np.array([r["tput_per_chip"] for r in rows])
+    inter = np.array([r["interactivity"] for r in rows])
+    assert np.all(np.diff(tput) > 0) and np.all(np.diff(inter) < 0)
+    # Within one layout, moving along the front means adding concurrency.
+    for layout in {r["layout"] for r in rows}:
+        conc = [r["concurrency"] for r in rows if r["layout"] == layout]
+        assert np.all(np.diff(conc) > 0), layout
+    # Tokens/s per kW of TDP is throughput per chip / TDP by definition.
+    chip = pm.get_chip(chip_name)
+    np.testing.assert_allclose([r["tok_s_per_kw_tdp"] for r in rows],
+                               tput / float(chip.tdp) * 1e3, rtol=1e-12)
+
+
+COMBOS = [pytest.param(m, c, marks=() if (m, c) in FAST else pytest.mark.slow)
+          for m in MODELS for c in pm.chip_names()]
+
+
+@pytest.mark.parametrize("model_name, chip_name", COMBOS)
+def test_pareto_json_front_on_every_chip(capsys, model_name, chip_name):
+    code, out, err = _run(capsys, "pareto", "--model", model_name, "--chip", chip_name,
+                          "--format", "json")
+    assert code == 0, err
+    assert err == ""
+    _check_front(json.loads(out), chip_name)
+
+
+def test_fast_subset_is_in_the_matrix():
+    assert FAST <= {(m, c) for m in MODELS for c in pm.chip_names()}
+
+
+def test_default_pareto_table_and_plot(capsys, tmp_path):
+    plot = tmp_path / "front.png"
+    code, out, err = _run(capsys, "pareto", "--plot", str(plot))
+    assert code == 0, err
+    header, columns, *body = out.strip().splitlines()
+    assert header.startswith("# deepseek-r1 on ") and "gb200" in header and "nvfp4" in header
+    for name in ("conc", "layout", "tok/s/chip", "tok/s/user", "TTFT", "TPOT", "E2E", "power",
+                 "tok/s/kW", "J/out"):
+        assert name in columns
+    assert len(body) >= 3 and "nan" not in out.lower()
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_csv_matches_json(capsys):
+    argv = ("pareto", "--model", "llama-3.1-8b", "--chip", "h200", "--isl", "1024", "--osl",
+            "256", "--chips", "2", "--precision", "fp8")
+    code, out_json, _ = _run(capsys, *argv, "--format", "json")
+    code_csv, out_csv, _ = _run(capsys, *argv, "--format", "csv")
+    assert code == code_csv == 0
+    rows = json.loads(out_json)
+    table = list(csv.DictReader(io.StringIO(out_csv)))
+    assert len(table) == len(rows)
+    for a, b in zip(rows, table, strict=True):
+        assert a["layout"] == b["layout"] and a["chips"] == 2
+        assert float(b["tput_per_chip"]) == pytest.approx(a["tput_per_chip"], rel=1e-12)
+        assert a["precision"] == "fp8/fp8/fp8"
+
+
+@pytest.mark.parametrize("argv, names", [
+    (("pareto", "--chip", "nonesuch"), ("'nonesuch'", "gb200", "h100")),
+    (("pareto", "--model", "gpt-5"), ("'gpt-5'", "deepseek-r1")),
+    (("pareto", "--isl", "0"), ("--isl", "0")),
+    (("pareto", "--osl", "-5"), ("--osl", "-5")),
+    (("pareto", "--isl", "8k"), ("--isl", "'8k'")),
+    (("pareto", "--chips", "0"), ("--chips", "0")),
+    (("pareto", "--model", "deepseek-r1", "--chip", "h100", "--chips", "1"),
+     ("does not fit in 1 h100", "smallest count")),
+    (("pareto", "--format", "xml"), ("'xml'", "table", "json", "csv")),
+    (("pareto", "--precision", "fp3"), ("'fp3'", "fp8", "bf16")),
+    (("pareto", "--plot", "front.txt"), ("front.txt", ".png")),
+    (("frobnicate",), ("'frobnicate'", "pareto")),
+    ((), ("COMMAND",)),
+])
+def test_errors_are_one_line_with_the_bad_value_and_choices(capsys, argv, names):
+    code, out, err = _run(capsys, *argv)
+    assert code != 0
+    assert out == ""
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("perfmodel: error: "), err
+    for name in names:
+        assert name in lines[0]
+    assert "Traceback" not in err and "nan" not in err.lower()
+
+
+def test_console_process_prints_no_traceback():
+    done = subprocess.run([sys.executable, "-m", "perfmodel.cli", "pareto", "--chip", "tpu-v99"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("perfmodel: error: unknown chip")
+
+
+def test_help_lists_every_registered_command(capsys):
+    assert "pareto" in _COMMANDS
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name in _COMMANDS:
+        assert name in out
