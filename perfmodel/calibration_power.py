@@ -1,0 +1,685 @@
+"""Power calibration: idle power and energy per FLOP, per HBM byte and per link byte.
+
+Measured GPU board power while serving (ML.ENERGY Benchmark v2/v3, InferenceX power runs;
+`calibration/power/power_measurements.csv`) is reproduced by the serving model
+(`perfmodel.serving.predict`) with the power model of `perfmodel.power`:
+
+    P = P_idle + (sum_c e_c FLOP_c + e_hbm bytes_HBM + e_link bytes_link) / t,
+
+capped at TDP. Dynamic energy is linear in the coefficients, so one evaluation of the
+serving model per measured row gives its *energy features* x_i = d P / d e_i (W per J/unit,
+with the cap off); the fit then only needs
+
+    P = P_idle + sum_i e_i x_i / s,   s = smooth_max(1, sum_i e_i x_i / (TDP - P_idle)),
+
+where s is the throttle of the TDP cap (the same term `power.apply_power_cap` adds to the
+roofline). Coefficients are fitted in log space with a robust (Huber) loss on log power and
+log J per output token by optax; one set per chip family (ampere, hopper, blackwell) pulled
+towards a shared *generic* set expressed in units of each chip's own peak rates:
+
+    e_flop,c = a_c TDP / peak_flops_c,  e_hbm = a_hbm TDP / hbm_bandwidth,
+    e_link = a_link TDP / scale_up_bandwidth,  P_idle = a_idle TDP,
+
+the fraction of TDP each unit would draw running alone at its peak. Chips never measured
+(Jalapeno, TPUs, AMD) and held-out chips take the generic set.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import json
+import math
+import os
+import re
+from importlib import resources
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .architecture import Model, from_hf_config
+from .design import Design, Layout, Runtime, precision
+from .formats import COMPUTE_CLASSES
+from .hardware import Chip
+from .presets import get_chip, get_model
+from .serving import predict, predict_jit
+from .smooth import smooth_max
+from .workload import Workload
+
+#: Input length (tokens) assumed for data sets whose prompts are real text of unpublished
+#: length (ML.ENERGY). ShareGPT and LM Arena prompts: about 250 tokens (vLLM's ShareGPT
+#: benchmark set averages ~220 input tokens); GPQA Diamond questions with the chat template:
+#: about 250; v2 code completion (HumanEval-style prompts): about 150; Sourcegraph
+#: fill-in-the-middle requests carry surrounding code: about 1,000. Assumptions, not data.
+ASSUMED_ISL = {"lm-arena-chat": 256.0, "chat": 256.0, "gpqa": 256.0, "code completion": 150.0,
+               "sourcegraph-fim": 1024.0, "MLPerf": 1024.0}
+DEFAULT_ISL = 256.0
+
+#: vLLM per-step host overhead prior (s): vLLM 0.11 V1 engine, CUDA graphs on.
+VLLM_STEP_OVERHEAD = 1.0e-3
+
+#: Energy-coefficient order used by the fit: four FLOP classes, HBM byte, link byte.
+COEFFICIENTS = (*(f"flop_{c}" for c in COMPUTE_CLASSES), "hbm_byte", "link_byte")
+
+POWER_FILE = "fitted_power.json"
+
+
+# ---------------------------------------------------------------------------------------
+# Applying a fit to a chip.
+
+
+@functools.cache
+def load_fitted_power() -> dict:
+    """The fitted power file (`perfmodel/data/fitted_power.json`) as a dict ({} if absent)."""
+    path = resources.files("perfmodel").joinpath("data", POWER_FILE)
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text())
+
+
+def generic_energy(chip: Chip, fractions: dict) -> tuple[list[float], float, float, float]:
+    """Energy coefficients of a chip from TDP fractions (see the module docstring).
+
+    Returns:
+        (per_flop[4] in J/FLOP, per_hbm_byte in J/byte, per_link_byte in J/byte,
+        idle_fraction).
+    """
+    tdp = float(chip.tdp)
+    peaks = np.asarray(chip.peak_flops, dtype=float)
+    per_flop = [fractions["flop"][i] * tdp / peaks[i] for i in range(len(COMPUTE_CLASSES))]
+    per_hbm = fractions["hbm"] * tdp / float(chip.hbm_bandwidth)
+    per_link = fractions["link"] * tdp / float(chip.scale_up.bandwidth)
+    return per_flop, per_hbm, per_link, fractions["idle"]
+
+
+def power_params(chip: Chip, fitted: dict | None = None, holdout: str | None = None) -> dict:
+    """The energy entry for a chip: its family's fitted entry, else the generic rule.
+
+    Args:
+        chip: the chip.
+        fitted: a fitted-power dict (default: the shipped file).
+        holdout: a family whose own entry is ignored (leave-one-chip-out evaluation).
+
+    Returns:
+        {"energy": {"per_flop": [4], "per_hbm_byte": x, "per_link_byte": x},
+        "idle_fraction": x}, or {} when there is no fit.
+    """
+    fitted = load_fitted_power() if fitted is None else fitted
+    if not fitted:
+        return {}
+    families = fitted.get("families", {})
+    if chip.family in families and chip.family != holdout:
+        return families[chip.family]
+    generic = fitted.get("generic")
+    if not generic:
+        return {}
+    per_flop, per_hbm, per_link, idle = generic_energy(chip, generic)
+    return {"energy": {"per_flop": per_flop, "per_hbm_byte": per_hbm,
+                       "per_link_byte": per_link}, "idle_fraction": idle}
+
+
+def apply_power(chip: Chip, fitted: dict | None = None, holdout: str | None = None) -> Chip:
+    """The chip with fitted energy coefficients and idle power (unchanged without a fit).
+
+    Example:
+        >>> chip = apply_power(get_chip("h100", calibrated=False), fitted={})
+        >>> float(chip.idle_power)
+        105.0
+    """
+    params = power_params(chip, fitted, holdout)
+    if not params:
+        return chip
+    energy = params["energy"]
+    chip = eqx.tree_at(lambda c: (c.energy.per_flop, c.energy.per_hbm_byte,
+                                  c.energy.per_link_byte), chip,
+                       (jnp.asarray(energy["per_flop"], dtype=float),
+                        jnp.asarray(energy["per_hbm_byte"], dtype=float),
+                        jnp.asarray(energy["per_link_byte"], dtype=float)))
+    return eqx.tree_at(lambda c: c.idle_power, chip,
+                       chip.tdp * jnp.asarray(params["idle_fraction"], dtype=float))
+
+
+def calibrated_chip(name: str) -> Chip:
+    """A preset with the latency fit (`perfmodel.params`) and the power fit applied.
+
+    `perfmodel.params.apply_fitted` applies the power fit itself once it merges
+    `fitted_power.json`; applying it again here then changes nothing.
+    """
+    return apply_power(get_chip(name))
+
+
+# ---------------------------------------------------------------------------------------
+# Rows of the measurement file -> model inputs.
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSpec:
+    """One measured row as model inputs (static parts) and its measured values."""
+
+    index: int
+    model: Model
+    chip_name: str
+    layout: Layout
+    weights: str | None
+    isl: float
+    isl_assumed: bool
+    osl: float
+    concurrency: float
+    max_running: float
+    framework: str
+    measured: dict
+
+    @property
+    def group(self):
+        return (self.model.name, self.chip_name, self.layout, self.weights, self.framework)
+
+
+def _float(row: dict, key: str):
+    value = (row.get(key) or "").strip()
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+@functools.cache
+def _hf_config_names() -> dict[str, str]:
+    folder = resources.files("perfmodel").joinpath("data", "hf_configs")
+    if not folder.is_dir():
+        return {}
+    return {p.name[:-5].lower(): p.name for p in folder.iterdir() if p.name.endswith(".json")}
+
+
+@functools.cache
+def resolve_model(name: str) -> Model | None:
+    """A model by Hugging Face id: a preset, else a shipped HF config, else None.
+
+    Example:
+        >>> resolve_model("openai/gpt-oss-120b").name, resolve_model("acme/unknown-7b")
+        ('gpt-oss-120b', None)
+    """
+    base = re.sub(r"\s*\(.*\)$", "", name.strip())
+    try:
+        return get_model(base)
+    except ValueError:
+        pass
+    names = _hf_config_names()
+    key = base.replace("/", "__").lower()
+    if key not in names:
+        return None
+    path = resources.files("perfmodel").joinpath("data", "hf_configs", names[key])
+    config = json.loads(path.read_text())
+    config.pop("_source", None)
+    return from_hf_config(config, name=base)
+
+
+def _layout(model: Model, parallelism: str, num_gpus: int) -> Layout:
+    values = {k: int(v) for k, v in re.findall(r"(TP|EP|DP|PP)(\d+)", parallelism or "")}
+    pp = values.get("PP", 1)
+    chips = max(num_gpus // pp, 1)
+    ep = values.get("EP", 1) if model.is_moe else 1
+    ep = math.gcd(math.gcd(ep, chips), model.num_experts or 1) if model.is_moe else 1
+    dp = values.get("DP", 1)
+    return Layout(tp=chips, ep=max(ep, 1), pp=pp, dp_attention=bool(model.is_moe and dp > 1))
+
+
+def _weights(text: str) -> str | None:
+    text = (text or "").lower()
+    if "mxfp4" in text or text.startswith("fp4"):
+        return "fp4"
+    if text.startswith("fp8"):
+        return "fp8"
+    if text.startswith("bfloat16") or text.startswith("bf16"):
+        return "bf16"
+    return None
+
+
+def assumed_isl(workload: str) -> float:
+    """Input length assumed for a data set named in `workload` (see `ASSUMED_ISL`)."""
+    for key, value in ASSUMED_ISL.items():
+        if workload.lower().startswith(key.lower()):
+            return value
+    return DEFAULT_ISL
+
+
+def runtime_key(framework: str) -> str:
+    """Which fitted runtime a framework label uses: "vllm-2024" (ML.ENERGY v2 era, version
+    unrecorded), "vllm" (any other vLLM) or "other" (prior `Runtime`)."""
+    text = framework.lower()
+    if "vllm" not in text:
+        return "other"
+    return "vllm-2024" if "2024" in text or "v2 benchmark" in text else "vllm"
+
+
+def row_spec(row: dict, index: int = 0) -> tuple[RowSpec | None, str]:
+    """Model inputs of a measurement row (columns of `power_measurements.csv`).
+
+    Returns:
+        (spec, "") or (None, reason) when the model or chip is unknown or a column missing.
+    """
+    model = resolve_model(row.get("model", ""))
+    if model is None:
+        return None, f"unknown model {row.get('model')!r} (no preset, no shipped HF config)"
+    try:
+        chip = get_chip(row.get("hardware", ""), calibrated=False)
+    except ValueError:
+        return None, f"unknown hardware {row.get('hardware')!r}"
+    num_gpus = int(_float(row, "num_gpus") or 1)
+    batch = _float(row, "avg_batch_size") or _float(row, "max_batch_size") \
+        or _float(row, "concurrency")
+    osl = _float(row, "osl")
+    if batch is None or osl is None:
+        return None, "needs avg_batch_size, max_batch_size or concurrency, and osl"
+    isl = _float(row, "isl")
+    assumed = isl is None
+    if assumed:
+        isl = assumed_isl(row.get("workload", ""))
+    framework = runtime_key(row.get("framework") or "")
+    measured = {k: _float(row, k) for k in ("avg_power_w_per_gpu", "energy_j_per_output_token",
+                                            "output_tokens_per_s_per_gpu", "median_itl_ms",
+                                            "system_wall_power_w")}
+    max_running = _float(row, "max_batch_size") or math.inf
+    return RowSpec(index=index, model=model, chip_name=chip.name,
+                   layout=_layout(model, row.get("parallelism", ""), num_gpus),
+                   weights=_weights(row.get("precision", "")), isl=isl, isl_assumed=assumed,
+                   osl=osl, concurrency=batch, max_running=max(max_running, batch),
+                   framework=framework, measured=measured), ""
+
+
+# ---------------------------------------------------------------------------------------
+# Serving-model evaluation of a group of rows (same model, chip, layout, formats).
+
+
+def _runtime(spec: RowSpec, fitted: dict, max_running, zero_overhead: bool = False) -> Runtime:
+    entry = fitted.get("runtimes", {}).get(spec.framework, {})
+    kw = dict(max_running=max_running, framework=spec.framework)
+    if zero_overhead:
+        kw.update(step_overhead=jnp.zeros_like(max_running),
+                  seq_overhead=jnp.zeros_like(max_running))
+    elif entry:
+        kw.update(step_overhead=entry["step_overhead"] * jnp.ones_like(max_running),
+                  seq_overhead=entry["seq_overhead"] * jnp.ones_like(max_running))
+    return Runtime(**kw)
+
+
+def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool = False):
+    first = specs[0]
+    conc = jnp.asarray([s.concurrency for s in specs], dtype=float)
+    running = jnp.asarray([s.max_running for s in specs], dtype=float)
+    # vLLM keeps the KV cache in the model's dtype unless told otherwise.
+    kv = "bf16" if first.framework.startswith("vllm") else None
+    prec = precision(chip, first.model, first.weights, kv=kv)
+    design = Design(concurrency=conc, layout=first.layout, precision=prec,
+                    runtime=_runtime(first, fitted, running, zero_overhead))
+    ratio = jnp.asarray([1.0 if s.isl_assumed else 0.8 for s in specs], dtype=float)
+    workload = Workload(input_len=jnp.asarray([s.isl for s in specs], dtype=float),
+                        output_len=jnp.asarray([s.osl for s in specs], dtype=float),
+                        input_range_ratio=ratio, output_range_ratio=ratio,
+                        first_wave_fraction=jnp.zeros_like(ratio))
+    return design, workload
+
+
+@eqx.filter_jit
+def _features(model, chip, design, workload):
+    """Dynamic J per output token per unit of each energy coefficient (cap off), with the
+    zero-overhead throughput and step of each row."""
+    free = eqx.tree_at(lambda c: (c.tdp, c.idle_power), chip,
+                       (jnp.asarray(1e12), jnp.asarray(0.0)))
+
+    def joules(leaves):
+        energy = type(chip.energy)(per_flop=leaves[0], per_hbm_byte=leaves[1],
+                                   per_link_byte=leaves[2])
+        m = predict(model, eqx.tree_at(lambda c: c.energy, free, energy), workload, design,
+                    hard=True, check=False)
+        return m.j_per_output_token
+
+    leaves = (jnp.zeros(len(COMPUTE_CLASSES)), jnp.zeros(()), jnp.zeros(()))
+    jac = jax.jacfwd(joules)(leaves)
+    n = design.concurrency.shape[0]
+    features = jnp.concatenate([jac[0].reshape(n, -1), jac[1].reshape(n, 1),
+                                jac[2].reshape(n, 1)], axis=1)
+    m = predict(model, free, workload, design, hard=True, check=False)
+    return features, m.output_throughput_per_chip, m.decode_step, m.running_batch, m.fits
+
+
+def group_features(specs: list[RowSpec]) -> dict:
+    """Energy features of rows sharing `RowSpec.group`, with the latency fit applied and
+    every host overhead set to zero (the fit adds them back analytically).
+
+    Returns:
+        dict of numpy arrays over the rows: `features` (n, 6) dynamic J per output token per
+        unit of each coefficient of `COEFFICIENTS`; `tok_s` output tokens/s per chip and
+        `step` mean engine step (s) without host overhead; `micro` sequences per step;
+        `fits`; `units` (n, 6) the chip's TDP over its peak rate of each unit (J per unit at
+        a fraction 1); `tdp` (W).
+    """
+    first = specs[0]
+    chip = get_chip(first.chip_name)
+    design, workload = _inputs(specs, chip, {}, zero_overhead=True)
+    features, tok_s, step, running, fits = _features(first.model, chip, design, workload)
+    return {"features": np.asarray(features), "tok_s": np.asarray(tok_s),
+            "step": np.asarray(step), "micro": np.asarray(running) / first.layout.pp,
+            "fits": np.asarray(fits),
+            "units": np.tile(_units(chip), (len(specs), 1)),
+            "tdp": np.full(len(specs), float(chip.tdp))}
+
+
+def _units(chip: Chip) -> np.ndarray:
+    tdp = float(chip.tdp)
+    peaks = np.asarray(chip.peak_flops, dtype=float)
+    return np.concatenate([tdp / peaks, [tdp / float(chip.hbm_bandwidth),
+                                         tdp / float(chip.scale_up.bandwidth)]])
+
+
+# ---------------------------------------------------------------------------------------
+# The fit.
+
+FAMILIES = ("ampere", "hopper", "blackwell")
+RUNTIMES = ("vllm", "vllm-2024")
+#: Priors as fractions of TDP (`hardware.EnergyCoefficients` priors on an H100: 0.5 pJ/FLOP
+#: x 989 TFLOP/s / 700 W = 0.71; 60 pJ/B x 3.35 TB/s / 700 W = 0.29; 40 pJ/B x 450 GB/s /
+#: 700 W = 0.026; idle 0.15) and host overheads (1 ms per step, 20 us per sequence).
+PRIOR = {"flop": 0.71, "hbm": 0.29, "link": 0.026, "idle": 0.15,
+         "step_overhead": 1e-3, "seq_overhead": 2e-5}
+
+
+class PowerParams(eqx.Module):
+    """Fitted power parameters in log/logit space (the optimizer's variables)."""
+
+    log_fraction: jnp.ndarray
+    """Generic log TDP fractions of FLOP, HBM and link energy, shape (3,)."""
+    logit_idle: jnp.ndarray
+    """Generic logit of the idle fraction of TDP."""
+    family_delta: jnp.ndarray
+    """Per-family offsets of the four values above, shape (len(FAMILIES), 4)."""
+    log_overheads: jnp.ndarray
+    """log (step, per-sequence) host overhead (s) per runtime, shape (len(RUNTIMES), 2)."""
+
+    @staticmethod
+    def prior() -> PowerParams:
+        base = jnp.log(jnp.asarray([PRIOR["flop"], PRIOR["hbm"], PRIOR["link"]]))
+        idle = jnp.log(PRIOR["idle"] / (1.0 - PRIOR["idle"]))
+        over = jnp.log(jnp.asarray([[PRIOR["step_overhead"], PRIOR["seq_overhead"]]] *
+                                   len(RUNTIMES)))
+        return PowerParams(log_fraction=base, logit_idle=jnp.asarray(idle),
+                           family_delta=jnp.zeros((len(FAMILIES), 4)), log_overheads=over)
+
+
+class Batch(eqx.Module):
+    """Feature arrays of fitted rows (see `group_features`), with indices."""
+
+    features: jnp.ndarray
+    units: jnp.ndarray
+    tok_s: jnp.ndarray
+    step: jnp.ndarray
+    micro: jnp.ndarray
+    tdp: jnp.ndarray
+    family: jnp.ndarray
+    """Index into FAMILIES, or -1 for the generic set."""
+    runtime: jnp.ndarray
+    """Index into RUNTIMES, or -1 for no host overhead change."""
+    power: jnp.ndarray
+    joules: jnp.ndarray
+
+
+def reduced_predict(params: PowerParams, batch: Batch, sharpness=24.0, hard: bool = False):
+    """Power per GPU (W), J per output token and output tokens/s per GPU of each row from
+    its features: the serving model's power and throughput, with the coefficients,
+    idle fraction and host overheads of `params`.
+
+    The host overhead stretches the zero-overhead step `t0` to `t0 + s0 + s1 B`; the TDP
+    cap (`power.apply_power_cap`) stretches it further by `max(1, P_dyn / (TDP - P_idle))`.
+    """
+    fam = jnp.clip(batch.family, 0, len(FAMILIES) - 1)
+    delta = jnp.where((batch.family >= 0)[:, None], params.family_delta[fam], 0.0)
+    log_frac = params.log_fraction[None, :] + delta[:, :3]
+    idle = jax.nn.sigmoid(params.logit_idle + delta[:, 3])
+    frac = jnp.exp(jnp.concatenate([jnp.repeat(log_frac[:, :1], len(COMPUTE_CLASSES), 1),
+                                    log_frac[:, 1:]], axis=1))
+    joules_dyn = jnp.sum(batch.features * batch.units * frac, axis=1)
+    run = jnp.clip(batch.runtime, 0, len(RUNTIMES) - 1)
+    over = jnp.where((batch.runtime >= 0)[:, None], jnp.exp(params.log_overheads[run]), 0.0)
+    step = batch.step + over[:, 0] + over[:, 1] * batch.micro
+    tok_s = batch.tok_s * batch.step / step
+    dyn = joules_dyn * tok_s
+    headroom = batch.tdp * (1.0 - idle)
+    throttle = smooth_max(jnp.ones_like(dyn), dyn / headroom, sharpness=sharpness, hard=hard)
+    tok_s = tok_s / throttle
+    power = batch.tdp * idle + dyn / throttle
+    return power, power / tok_s, tok_s
+
+
+def _loss(params: PowerParams, batch: Batch, weights):
+    power, joules, _ = reduced_predict(params, batch)
+    r_power = jnp.log(power / batch.power)
+    r_joules = jnp.log(joules / batch.joules)
+    data = jnp.sum(weights * (optax.huber_loss(r_power, delta=0.1)
+                              + optax.huber_loss(r_joules, delta=0.1))) / jnp.sum(weights)
+    prior = PowerParams.prior()
+    reg = (jnp.sum(params.family_delta ** 2) * 0.05
+           + 1e-3 * jnp.sum((params.log_fraction - prior.log_fraction) ** 2)
+           + 1e-3 * (params.logit_idle - prior.logit_idle) ** 2
+           + 1e-3 * jnp.sum((params.log_overheads - prior.log_overheads) ** 2))
+    return data + reg
+
+
+class FitResult(eqx.Module):
+    params: PowerParams
+    loss: jnp.ndarray
+    result: int = eqx.field(static=True)
+    """0: converged (loss change under 1e-9 over the last 100 steps); 1: step limit hit;
+    2: non-finite loss."""
+
+
+def fit_power(batch: Batch, weights=None, steps: int = 6000, learning_rate: float = 0.03,
+              seed: int = 0, throw: bool = False) -> FitResult:
+    """Fit `PowerParams` to a `Batch` (Adam on log/logit parameters, Huber loss).
+
+    Args:
+        batch: features and measurements.
+        weights: per-row weights (default 1).
+        steps: Adam steps; learning_rate: Adam step size.
+        seed: seeds the small jitter of the start (reproducible).
+        throw: raise `RuntimeError` when the fit does not converge.
+
+    Returns:
+        `FitResult` with a result code (0 converged, 1 step limit, 2 non-finite).
+    """
+    weights = jnp.ones_like(batch.power) if weights is None else jnp.asarray(weights, float)
+    start = PowerParams.prior()
+    key = jax.random.PRNGKey(seed)
+    start = eqx.tree_at(lambda p: p.log_fraction, start,
+                        start.log_fraction + 0.01 * jax.random.normal(key, (3,)))
+    optimizer = optax.adam(learning_rate)
+
+    @eqx.filter_jit
+    def run(params):
+        state = optimizer.init(params)
+
+        def body(carry, _):
+            params, state = carry
+            loss, grads = eqx.filter_value_and_grad(_loss)(params, batch, weights)
+            updates, state = optimizer.update(grads, state, params)
+            return (eqx.apply_updates(params, updates), state), loss
+
+        (params, _), losses = jax.lax.scan(body, (params, state), None, length=steps)
+        return params, losses
+
+    params, losses = run(start)
+    losses = np.asarray(losses)
+    final = float(losses[-1])
+    if not np.isfinite(final):
+        code = 2
+    elif abs(losses[-100] - final) < 1e-9 * max(1.0, abs(final)) or \
+            abs(losses[-100] - final) < 1e-7:
+        code = 0
+    else:
+        code = 1
+    if throw and code:
+        raise RuntimeError(f"power fit did not converge (result {code}, loss {final:.4g})")
+    return FitResult(params=params, loss=jnp.asarray(final), result=code)
+
+
+def to_fitted(params: PowerParams, chips: dict[str, Chip], holdout: str | None = None) -> dict:
+    """The `fitted_power.json` content of fitted parameters.
+
+    Args:
+        params: fitted parameters.
+        chips: one representative chip per family, for the physical per-family coefficients.
+        holdout: a family left out of the fit (not written).
+    """
+    frac = np.exp(np.asarray(params.log_fraction))
+    idle = float(jax.nn.sigmoid(params.logit_idle))
+    generic = {"flop": [float(frac[0])] * len(COMPUTE_CLASSES), "hbm": float(frac[1]),
+               "link": float(frac[2]), "idle": idle}
+    families = {}
+    for i, family in enumerate(FAMILIES):
+        if family == holdout or family not in chips:
+            continue
+        d = np.asarray(params.family_delta[i])
+        fam = {"flop": [float(frac[0] * np.exp(d[0]))] * len(COMPUTE_CLASSES),
+               "hbm": float(frac[1] * np.exp(d[1])), "link": float(frac[2] * np.exp(d[2])),
+               "idle": float(jax.nn.sigmoid(params.logit_idle + d[3]))}
+        per_flop, per_hbm, per_link, idle_f = generic_energy(chips[family], fam)
+        families[family] = {"energy": {"per_flop": per_flop, "per_hbm_byte": per_hbm,
+                                       "per_link_byte": per_link},
+                            "idle_fraction": idle_f, "tdp_fractions": fam,
+                            "reference_chip": chips[family].name}
+    over = np.exp(np.asarray(params.log_overheads))
+    runtimes = {name: {"step_overhead": float(over[i, 0]), "seq_overhead": float(over[i, 1])}
+                for i, name in enumerate(RUNTIMES)}
+    return {"version": 1, "families": families, "generic": generic, "runtimes": runtimes}
+
+
+# ---------------------------------------------------------------------------------------
+# Data set, evaluation and the predict-command hook.
+
+
+def specs_of(rows: list[dict]) -> tuple[list[RowSpec], list[tuple[int, str]]]:
+    """Row specs of the rows the model can evaluate, and (index, reason) for the others."""
+    specs, skipped = [], []
+    for i, row in enumerate(rows):
+        spec, why = row_spec(row, i)
+        if spec is None:
+            skipped.append((i, why))
+        else:
+            specs.append(spec)
+    return specs, skipped
+
+
+def features_of(specs: list[RowSpec]) -> dict[int, dict]:
+    """Per-row features (see `group_features`), keyed by `RowSpec.index`."""
+    groups: dict = {}
+    for spec in specs:
+        groups.setdefault(spec.group, []).append(spec)
+    out = {}
+    for members in groups.values():
+        arrays = group_features(members)
+        for j, spec in enumerate(members):
+            out[spec.index] = {k: v[j] for k, v in arrays.items()}
+            out[spec.index]["spec"] = spec
+    return out
+
+
+def make_batch(features: dict[int, dict], indices, holdout: str | None = None) -> Batch:
+    """A `Batch` of the given rows (those with measured power and J/token); rows of the
+    `holdout` family use the generic set."""
+    rows = [features[i] for i in indices]
+
+    def family(spec):
+        fam = get_chip(spec.chip_name, calibrated=False).family
+        return FAMILIES.index(fam) if fam in FAMILIES and fam != holdout else -1
+
+    def stack(key):
+        return jnp.asarray(np.stack([r[key] for r in rows]), dtype=float)
+
+    return Batch(features=stack("features"), units=stack("units"), tok_s=stack("tok_s"),
+                 step=stack("step"), micro=stack("micro"), tdp=stack("tdp"),
+                 family=jnp.asarray([family(r["spec"]) for r in rows]),
+                 runtime=jnp.asarray([RUNTIMES.index(r["spec"].framework)
+                                      if r["spec"].framework in RUNTIMES else -1
+                                      for r in rows]),
+                 power=jnp.asarray([r["spec"].measured["avg_power_w_per_gpu"] for r in rows]),
+                 joules=jnp.asarray([r["spec"].measured["energy_j_per_output_token"]
+                                     for r in rows]))
+
+
+def usable(features: dict[int, dict]) -> list[int]:
+    """Indices of rows with measured power and J/token whose configuration fits in memory."""
+    out = []
+    for i, f in features.items():
+        m = f["spec"].measured
+        if m["avg_power_w_per_gpu"] and m["energy_j_per_output_token"] and bool(f["fits"]):
+            out.append(i)
+    return sorted(out)
+
+
+def errors(params: PowerParams, batch: Batch) -> dict:
+    """Median and 90th-percentile absolute relative errors of power, J/token and tok/s."""
+    power, joules, _ = reduced_predict(params, batch, hard=True)
+    out = {}
+    for name, pred, meas in (("power", power, batch.power), ("j_per_token", joules,
+                                                              batch.joules)):
+        rel = np.abs(np.asarray(pred) / np.asarray(meas) - 1.0)
+        out[name] = {"median_abs_pct": float(np.median(rel) * 100),
+                     "p90_abs_pct": float(np.percentile(rel, 90) * 100), "n": int(rel.size)}
+    return out
+
+
+def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dict]:
+    """Predicted power, J per output token and output tokens/s per GPU for measurement-style
+    rows (the columns of `power_measurements.csv`), for `perfmodel predict`.
+
+    Each row needs model (preset name or Hugging Face id), hardware, num_gpus, parallelism
+    (e.g. "TP2 EP1 DP1"), precision, avg_batch_size or max_batch_size (or concurrency) and
+    osl; isl when known, else the input length of `ASSUMED_ISL` for its workload.
+
+    Returns:
+        One dict per row: the row plus `pred_avg_power_w_per_gpu`,
+        `pred_energy_j_per_output_token`, `pred_output_tokens_per_s_per_gpu`, `pred_isl`,
+        `pred_isl_assumed` and `pred_status` ("ok", "does not fit in memory" or why the row
+        could not be evaluated: "unknown model ...").
+
+    Example:
+        >>> row = dict(model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100",
+        ...            num_gpus="1", parallelism="TP1", precision="bfloat16",
+        ...            max_batch_size="64", osl="400", framework="vLLM 0.11.1")
+        >>> out = predict_power_rows([row])[0]
+        >>> out["pred_status"], 100 < out["pred_avg_power_w_per_gpu"] <= 700
+        ('ok', True)
+    """
+    fitted = load_fitted_power() if fitted is None else fitted
+    specs, skipped = specs_of(rows)
+    out = [dict(row) for row in rows]
+    for i, why in skipped:
+        out[i].update(pred_avg_power_w_per_gpu=None, pred_energy_j_per_output_token=None,
+                      pred_output_tokens_per_s_per_gpu=None, pred_isl=None,
+                      pred_isl_assumed=None, pred_status=why)
+    groups: dict = {}
+    for spec in specs:
+        groups.setdefault(spec.group, []).append(spec)
+    for members in groups.values():
+        first = members[0]
+        chip = apply_power(get_chip(first.chip_name), fitted)
+        design, workload = _inputs(members, chip, fitted)
+        m = predict_jit(first.model, chip, workload, design, hard=True, check=False)
+        for j, spec in enumerate(members):
+            fits = bool(np.asarray(m.fits)[j])
+            out[spec.index].update(
+                pred_avg_power_w_per_gpu=float(np.asarray(m.power_per_chip)[j]),
+                pred_energy_j_per_output_token=float(np.asarray(m.j_per_output_token)[j]),
+                pred_output_tokens_per_s_per_gpu=float(
+                    np.asarray(m.output_throughput_per_chip)[j]),
+                pred_isl=spec.isl, pred_isl_assumed=spec.isl_assumed,
+                pred_status="ok" if fits else "does not fit in memory")
+    return out
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """Rows of a CSV file as dicts."""
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))

@@ -1,0 +1,92 @@
+"""`perfmodel compare`: the Jalapeno-style comparison of a chip against baselines."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import add_format_arg, check_lengths, render
+
+#: Table columns: (row key, header, format).
+COLUMNS = (
+    ("model", "model", "s"),
+    ("chip", "chip", "s"),
+    ("baseline", "vs", "s"),
+    ("mode", "mode", "s"),
+    ("peak_tput_per_chip", "peak tok/s/chip", ".0f"),
+    ("peak_tok_s_per_kw", "peak tok/s/kW", ".0f"),
+    ("e2e_s_at_peak", "E2E@peak s", ".1f"),
+    ("interactivity_at_peak", "tok/s/user@peak", ".1f"),
+    ("interactivity_low_concurrency", "tok/s/user low", ".0f"),
+    ("e2e_s_low_concurrency", "E2E low s", ".2f"),
+    ("ratio_tok_s_per_kw_at_peak", "x tok/s/kW", ".2f"),
+    ("ratio_e2e_latency", "x E2E", ".2f"),
+    ("ratio_tok_s_per_kw_high_interactivity", "x tok/s/kW hi-int", ".2f"),
+)
+REPORTED = (("reported_ratio_tok_s_per_kw_at_peak", "rep x tok/s/kW", ".1f"),
+            ("reported_ratio_e2e_latency", "rep x E2E", ".1f"))
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "compare", help="a chip against baselines (the Jalapeno comparison)",
+        description="Peak throughput per chip and per kW of TDP, E2E latency and "
+                    "interactivity at the peak-throughput and low-concurrency points, and "
+                    "the ratios between the chips, predicted from specs and inferred from "
+                    "the reported ratios. Defaults: the three reported pairs (gpt-oss-120b "
+                    "vs GB200, DeepSeek-R1 and Kimi-K2.5 vs GB300) at 8K/1K.")
+    parser.add_argument("--model", default=None,
+                        help="model(s), comma-separated (default: gpt-oss-120b,deepseek-r1,"
+                             "kimi-k2.5)")
+    parser.add_argument("--chips", default=None,
+                        help="CHIP,BASELINE[,BASELINE...]: the chip compared, then one "
+                             "baseline for all models or one per model (default: jalapeno "
+                             "and each reported pair's baseline)")
+    parser.add_argument("--isl", type=int, default=8192, help="input length (default 8192)")
+    parser.add_argument("--osl", type=int, default=1024, help="output length (default 1024)")
+    parser.add_argument("--mode", choices=("both", "predicted", "inferred"), default="both",
+                        help="predicted from specs, inferred from the reported ratios, or "
+                             "both (default)")
+    parser.add_argument("--reported", action="store_true",
+                        help="add the reported ratios (jalapeno_claims.csv) beside the "
+                             "predicted ones")
+    add_format_arg(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args) -> int:
+    from ..compare import PAIRS, compare
+
+    check_lengths(args.isl, args.osl)
+    models = _names(args.model) if args.model else [p[0] for p in PAIRS]
+    chip, baselines = "jalapeno", None
+    if args.chips:
+        names = _names(args.chips)
+        if len(names) < 2:
+            raise ValueError(f"--chips {args.chips!r}: give the chip and at least one "
+                             "baseline, e.g. jalapeno,gb200")
+        chip, baselines = names[0], names[1:]
+    modes = ("predicted", "inferred") if args.mode == "both" else (args.mode,)
+    rows = compare(models, chip=chip, baselines=baselines, isl=args.isl, osl=args.osl,
+                   reported=args.reported, modes=modes)
+    has_reported = args.reported and all(k in r for r in rows for k, _, _ in REPORTED)
+    columns = COLUMNS + (REPORTED if has_reported else ())
+    if args.format == "table":
+        shown = [{k: row[k] for k, _, _ in columns} for row in rows]
+        print(f"# {chip} vs baselines, ISL {args.isl} OSL {args.osl}; throughput per kW of "
+              "rated TDP; ratios chip/baseline (E2E: baseline/chip)")
+        print(render(shown, "table", columns))
+        inferred = [r for r in rows if r["mode"] == "inferred"]
+        if inferred:
+            r = inferred[0]
+            print(f"# inferred {chip}: achievable HBM {r['inferred_hbm_tb_s_achievable']:.2f} "
+                  f"TB/s ({r['inferred_bandwidth_max']:.2f} of peak), HBM "
+                  f"{r['inferred_hbm_capacity'] / 1e9:.0f} GB, {r['inferred_num_slices']:.1f} "
+                  f"slices, matmul efficiency {r['inferred_compute_max']:.2f}")
+    else:
+        print(render(rows, args.format, columns))
+    return 0

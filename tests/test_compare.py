@@ -1,0 +1,76 @@
+"""The Jalapeno comparison: reported claims, ratio definitions, modes and the CLI."""
+
+import json
+
+import pytest
+
+from perfmodel import compare as cmp
+from perfmodel.cli import main
+
+
+def test_reported_ratios_match_claims_file():
+    # shared/data/jalapeno_claims.csv J01/J02 (GB200), J03-J06 (GB300).
+    gpt = cmp.reported_ratios("gpt-oss-120b")
+    assert gpt["baseline"] == "gb200"
+    assert gpt["reported_ratio_tok_s_per_kw_at_peak"] == pytest.approx(1.9)
+    assert gpt["reported_ratio_e2e_latency"] == pytest.approx(1.7)
+    assert cmp.reported_ratios("kimi-k2.5")["reported_ratio_e2e_latency"] == pytest.approx(3.4)
+    assert cmp.reported_ratios("llama-3.1-8b") == {}
+
+
+def test_layout_round_trip():
+    layout = cmp._layout_of("2xtp4-ep4-dpa")
+    assert (layout.replicas, layout.tp, layout.ep, layout.dp_attention) == (2, 4, 4, True)
+    assert cmp._layout_of(layout.describe()) == layout
+    assert cmp._layout_of("tp8").tp == 8
+
+
+@pytest.fixture(scope="module")
+def predicted():
+    return cmp.compare(["gpt-oss-120b"], reported=True, modes=("predicted",), chips=8,
+                       grid=(1.0, 64.0, 1024.0))
+
+
+def test_predicted_row_keys_and_ratio_definitions(predicted):
+    (row,) = predicted
+    for key in ("model", "chip", "baseline", "mode", "ratio_tok_s_per_kw_at_peak",
+                "ratio_e2e_latency", "ratio_tok_s_per_kw_high_interactivity",
+                "interactivity_low_concurrency", "reported_ratio_tok_s_per_kw_at_peak",
+                "reported_ratio_e2e_latency"):
+        assert key in row
+    assert (row["chip"], row["baseline"], row["mode"]) == ("jalapeno", "gb200", "predicted")
+    # Per kW of TDP: the per-chip ratio times the TDP ratio (1200 W / 700 W).
+    assert row["ratio_tok_s_per_kw_at_peak"] == pytest.approx(
+        row["ratio_tok_s_per_chip_at_peak"] * 1200.0 / 700.0, rel=1e-9)
+    assert row["ratio_e2e_latency"] == pytest.approx(
+        row["baseline_e2e_s_at_peak"] / row["e2e_s_at_peak"], rel=1e-9)
+    # The low-concurrency point is the most interactive one, above the peak point's.
+    assert row["interactivity_low_concurrency"] > row["interactivity_at_peak"]
+    assert row["e2e_s_low_concurrency"] < row["e2e_s_at_peak"]
+
+
+def test_invalid_mode_and_baselines_raise():
+    with pytest.raises(ValueError, match="mode"):
+        cmp.compare(["gpt-oss-120b"], modes=("guessed",))
+    with pytest.raises(ValueError, match="baselines"):
+        cmp.compare(["gpt-oss-120b", "deepseek-r1", "kimi-k2.5"], baselines=["gb200", "gb300"])
+
+
+def test_cli_rejects_single_chip(capsys):
+    assert main(["compare", "--chips", "jalapeno"]) == 2
+    assert "baseline" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_acceptance_reported_json(capsys):
+    """Issue acceptance: `perfmodel compare --reported --format json` covers the three
+    reported pairs in both modes (minutes: slow)."""
+    assert main(["compare", "--reported", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    pairs = {(r["model"], r["baseline"], r["mode"]) for r in rows}
+    for model, baseline, _, _ in cmp.PAIRS:
+        for mode in ("predicted", "inferred"):
+            assert (model, baseline, mode) in pairs
+    for r in rows:
+        assert r["chip"] == "jalapeno"
+        assert r["reported_ratio_tok_s_per_kw_at_peak"] > 1.0

@@ -1,0 +1,125 @@
+"""Power calibration: row parsing, the reduced model against the full serving model, the fit
+recovering known coefficients, and the shipped fit's held-out accuracy figures."""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from perfmodel import calibration_power as cp
+from perfmodel.presets import get_chip
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROWS = [  # ML.ENERGY v3 rows (calibration/power/power_measurements.csv row_id 1-4 style)
+    dict(model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100", num_gpus="1",
+         parallelism="TP1 EP1 DP1", framework="vLLM 0.11.1", precision="bfloat16",
+         workload="lm-arena-chat: LM Arena", max_batch_size=str(b), avg_batch_size=str(b),
+         osl="400", avg_power_w_per_gpu="500", energy_j_per_output_token="0.2")
+    for b in (8, 64, 512)]
+
+
+def test_row_spec_layout_and_assumed_isl():
+    row = dict(ROWS[0], model="Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", num_gpus="8",
+               parallelism="TP1 EP8 DP8", precision="fp8")
+    spec, why = cp.row_spec(row)
+    assert why == ""
+    assert (spec.layout.tp, spec.layout.ep, spec.layout.dp_attention) == (8, 8, True)
+    assert spec.weights == "fp8" and spec.isl_assumed and spec.isl == cp.ASSUMED_ISL[
+        "lm-arena-chat"]
+    spec, why = cp.row_spec(dict(ROWS[0], model="acme/unknown-1b"))
+    assert spec is None and "unknown model" in why
+
+
+def test_unknown_rows_are_reported_not_dropped():
+    out = cp.predict_power_rows([dict(ROWS[0], model="acme/unknown-1b"), ROWS[1]])
+    assert out[0]["pred_avg_power_w_per_gpu"] is None
+    assert out[0]["pred_status"].startswith("unknown model")
+    assert out[1]["pred_status"] == "ok"
+    assert 0 < out[1]["pred_avg_power_w_per_gpu"] <= 700.0 + 1e-6
+
+
+@pytest.fixture(scope="module")
+def features():
+    specs, _ = cp.specs_of(ROWS)
+    return cp.features_of(specs)
+
+
+def test_reduced_model_matches_full_serving_model(features):
+    """The fit's reduced model reproduces `predict_power_rows` (full `serving.predict`)."""
+    params = cp.PowerParams.prior()
+    chips = {"hopper": get_chip("h100", calibrated=False)}
+    fitted = cp.to_fitted(params, chips)
+    batch = cp.make_batch(features, sorted(features))
+    power, joules, tok_s = cp.reduced_predict(params, batch, hard=True)
+    full = cp.predict_power_rows(ROWS, fitted)
+    np.testing.assert_allclose(power, [r["pred_avg_power_w_per_gpu"] for r in full], rtol=0.03)
+    np.testing.assert_allclose(joules, [r["pred_energy_j_per_output_token"] for r in full],
+                               rtol=0.05)
+    # Power rises with batch and stays at or under TDP.
+    assert np.all(np.diff(np.asarray(power)) > 0) and np.all(np.asarray(power) <= 700 + 1e-6)
+
+
+def test_fit_recovers_known_parameters(features):
+    """Synthetic measurements from known parameters are fitted back (result code 0/1)."""
+    truth = cp.PowerParams.prior()
+    truth = type(truth)(log_fraction=truth.log_fraction + jnp.asarray([0.3, -0.2, 0.0]),
+                        logit_idle=truth.logit_idle + 0.4, family_delta=truth.family_delta,
+                        log_overheads=truth.log_overheads + 0.5)
+    batch = cp.make_batch(features, sorted(features))
+    power, joules, _ = cp.reduced_predict(truth, batch, hard=True)
+    batch = type(batch)(**{**batch.__dict__, "power": power, "joules": joules})
+    fit = cp.fit_power(batch, steps=3000, learning_rate=0.05)
+    assert fit.result in (0, 1)
+    p2, j2, _ = cp.reduced_predict(fit.params, batch, hard=True)
+    np.testing.assert_allclose(p2, power, rtol=0.03)
+    np.testing.assert_allclose(j2, joules, rtol=0.03)
+
+
+def test_reduced_model_jit_matches_eager_and_gradients_finite(features):
+    params = cp.PowerParams.prior()
+    batch = cp.make_batch(features, sorted(features))
+    eager = cp.reduced_predict(params, batch)
+    jitted = jax.jit(cp.reduced_predict)(params, batch)
+    for a, b in zip(eager, jitted, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    grads = jax.grad(lambda p: cp._loss(p, batch, jnp.ones(3)))(params)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    # Central finite differences along a random direction, in log-parameter space.
+    leaves, tree = jax.tree.flatten(params)
+    key = jax.random.PRNGKey(0)
+    direction = [jax.random.normal(k, x.shape) for k, x in
+                 zip(jax.random.split(key, len(leaves)), leaves, strict=True)]
+    f = lambda t: cp._loss(jax.tree.unflatten(tree, [x + t * d for x, d in
+                                                      zip(leaves, direction, strict=True)]),
+                           batch, jnp.ones(3))
+    eps = 1e-5
+    numeric = (f(eps) - f(-eps)) / (2 * eps)
+    analytic = sum(jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(grads), direction,
+                                                  strict=True))
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-4, atol=1e-8)
+
+
+def test_shipped_fit_and_report():
+    """The shipped fit is physical and its recorded held-out power error meets the issue's
+    15% bar (the J/token figure is reported, see calibration/power/README.md)."""
+    fitted = cp.load_fitted_power()
+    assert set(fitted["families"]) == {"ampere", "hopper", "blackwell"}
+    for fam in fitted["families"].values():
+        assert 0.0 < fam["idle_fraction"] < 0.5
+        assert 1e-14 < fam["energy"]["per_flop"][0] < 1e-11
+        assert 1e-12 < fam["energy"]["per_hbm_byte"] < 1e-9
+    report = json.loads((ROOT / "calibration" / "power" / "report.json").read_text())
+    held = report["heldout_random"]["full_model"]
+    assert held["power"]["median_abs_pct"] <= 15.0
+    assert held["power"]["n"] >= 50
+
+
+def test_apply_power_uses_generic_set_for_unmeasured_chips():
+    chip = cp.apply_power(get_chip("jalapeno", calibrated=False))
+    generic = cp.load_fitted_power()["generic"]
+    assert float(chip.idle_power) == pytest.approx(generic["idle"] * 700.0)
+    # Energy per FLOP follows TDP / peak: Jalapeno's FP4 joule per FLOP is below its BF16.
+    assert float(chip.energy.per_flop[3]) < float(chip.energy.per_flop[0])
