@@ -1,0 +1,185 @@
+"""`perfmodel optimize`: the design that serves the most tokens per watt (per chip, per dollar)
+under latency, power and accuracy targets, found by gradient descent (`perfmodel.optimize`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from . import add_format_arg, add_spec_args, positive_int
+
+
+def _classes(items, name, valid):
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--{name} {item!r}: write CLASS=OPT1,OPT2 with CLASS one of "
+                             f"{', '.join(valid)}")
+        key, values = item.split("=", 1)
+        key = key.strip().lower()
+        if key not in valid:
+            raise ValueError(f"--{name}: unknown class {key!r}; valid: {', '.join(valid)}")
+        out[key] = tuple(v.strip() for v in values.split(",") if v.strip())
+        if not out[key]:
+            raise ValueError(f"--{name} {item!r}: no options given")
+    return out
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated fractions of TDP, "
+                                         "e.g. 0.6,0.8,1.0") from None
+    return values
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    from ..optimize import OBJECTIVES
+
+    parser = subparsers.add_parser(
+        "optimize", help="best design under latency/power targets, by gradient descent",
+        description="Optimize concurrency, number formats, parallel layout, slice mapping "
+                    "and power cap for an objective under constraints (augmented Lagrangian "
+                    "over a relaxed, differentiable model), then harden and repair the "
+                    "design and re-evaluate it exactly.")
+    add_spec_args(parser, chip="jalapeno")
+    parser.add_argument("--chips", type=positive_int, default=8,
+                        help="chips in the deployment (default 8)")
+    parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="tok_s_per_kw",
+                        help="what to maximize (usd_per_mtok is minimized; default "
+                             "tok_s_per_kw)")
+    parser.add_argument("--max-tpot-ms", type=float, default=None, help="median TPOT limit")
+    parser.add_argument("--min-interactivity", type=float, default=None,
+                        help="tokens/s/user floor")
+    parser.add_argument("--max-ttft-ms", type=float, default=None, help="median TTFT limit")
+    parser.add_argument("--max-e2e-s", type=float, default=None, help="median E2E limit")
+    parser.add_argument("--max-power-w", type=float, default=None,
+                        help="modeled power limit per chip (W)")
+    parser.add_argument("--max-deployment-power-kw", type=float, default=None,
+                        help="power limit of the whole deployment (kW)")
+    parser.add_argument("--max-quality-loss", type=float, default=None,
+                        help="budget of summed per-format quality costs (e.g. 0.01)")
+    parser.add_argument("--formats", nargs="+", metavar="CLASS=F1,F2", default=None,
+                        help="allowed formats per tensor class (weights, experts, kv), e.g. "
+                             "weights=fp4,fp8 kv=fp8")
+    parser.add_argument("--placements", nargs="+", metavar="CLASS=P1,P2", default=None,
+                        help="allowed slice placements (weights, kv) among interleaved, "
+                             "partitioned, replicated")
+    parser.add_argument("--power-caps", type=_fractions, default=(1.0,),
+                        help="power caps to consider, fractions of TDP (default 1.0)")
+    parser.add_argument("--disaggregated", action="store_true",
+                        help="also consider prefill/decode splits of the chips")
+    parser.add_argument("--usd-per-chip-hour", type=float, default=None,
+                        help="chip cost for usd_per_mtok")
+    parser.add_argument("--usd-per-kwh", type=float, default=None,
+                        help="electricity price for usd_per_mtok")
+    parser.add_argument("--steps", type=positive_int, default=240, help="Adam steps")
+    parser.add_argument("--check-exhaustive", action="store_true",
+                        help="also enumerate the whole grid and report its best design")
+    add_format_arg(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _result(args):
+    from ..optimize import design_space, exhaustive, optimize, targets
+    from ..presets import get_chip, get_model
+    from ..workload import Workload
+    from . import check_lengths
+
+    model, chip = get_model(args.model), get_chip(args.chip)
+    check_lengths(args.isl, args.osl)
+    if args.objective == "usd_per_mtok" and not args.usd_per_chip_hour:
+        raise ValueError("--objective usd_per_mtok needs --usd-per-chip-hour (> 0)")
+    formats = _classes(args.formats, "formats", ("weights", "experts", "kv"))
+    if args.precision and "weights" not in formats:
+        formats["weights"] = (args.precision,)
+    placements = _classes(args.placements, "placements", ("weights", "kv"))
+    workload = Workload(args.isl, args.osl)
+    space = design_space(model, chip, args.chips, workload=workload, formats=formats,
+                         placements=placements, power_caps=args.power_caps,
+                         disaggregated=args.disaggregated)
+    tgt = targets(max_tpot_ms=args.max_tpot_ms, min_interactivity=args.min_interactivity,
+                  max_ttft_ms=args.max_ttft_ms, max_e2e_s=args.max_e2e_s,
+                  max_power_w=args.max_power_w,
+                  max_deployment_power_kw=args.max_deployment_power_kw, chips=args.chips,
+                  max_quality_loss=args.max_quality_loss,
+                  usd_per_chip_hour=args.usd_per_chip_hour, usd_per_kwh=args.usd_per_kwh)
+    result = optimize(model, chip, workload, space, tgt, args.objective, steps=args.steps)
+    out = result.as_dict()
+    out["grid_points"] = space.size
+    if args.check_exhaustive:
+        ex = exhaustive(model, chip, workload, space, tgt, args.objective)
+        out["exhaustive"] = {"design": ex.design, "objective_value": ex.objective_value,
+                             "feasible": ex.feasible, "points": ex.points, "wall_s": ex.wall_s}
+    return out
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _describe(design: dict) -> str:
+    f, p = design["formats"], design["placements"]
+    return (f"{design['layout']} on {design['chips']} chips, concurrency "
+            f"{design['concurrency']}, formats weights/experts/kv {f['weights']}/"
+            f"{f['experts']}/{f['kv']}, placement weights/kv {p['weights']}/{p['kv']}, power "
+            f"cap {design['power_cap_w']:.0f} W")
+
+
+def _table(out: dict) -> str:
+    lines = []
+    name = out["objective"]
+    if out["feasible"]:
+        lines.append(f"best design: {_describe(out['design'])}")
+        lines.append(f"{name}: {out['objective_value']:.6g} (relaxed "
+                     f"{out['relaxed_objective_value']:.6g})")
+        m, r = out["metrics"], out["relaxed_metrics"]
+        lines.append(f"{'metric':<22}{'hardened':>14}{'relaxed':>14}")
+        for key in ("tput_per_chip", "interactivity", "ttft_s", "tpot_s", "e2e_s", "power_w",
+                    "tok_s_per_kw_tdp", "j_per_output_token", "running_batch", "max_batch"):
+            lines.append(f"{key:<22}{m[key]:>14.6g}{r[key]:>14.6g}")
+        lines.append("binding: " + (", ".join(out["binding"]) or "none"))
+    else:
+        c = out["closest"]
+        lines.append("INFEASIBLE: no design in the grid meets every target")
+        lines.append(f"closest trade-off: {_describe(c['design'])}")
+        for key, value in c["achievable"].items():
+            lines.append(f"  best achievable {key}: {value:.6g}")
+        lines.append("violated: " + ", ".join(out["binding"]))
+    for key, entry in out["multipliers"].items():
+        text = f"  lambda[{key}] = {entry['lambda']:.4g}"
+        if "per_unit" in entry:
+            text += f"  ({entry['per_unit']:+.4g} {entry['unit']})"
+        lines.append(text)
+    lines.append(f"grid {out['grid_points']} designs, {out['evaluations']} exact evaluations, "
+                 f"wall {out['wall_s']:.2f} s")
+    if "exhaustive" in out:
+        ex = out["exhaustive"]
+        if ex["feasible"]:
+            lines.append(f"exhaustive: {_describe(ex['design'])}")
+            lines.append(f"exhaustive {name}: {ex['objective_value']:.6g} over {ex['points']} "
+                         f"points, wall {ex['wall_s']:.2f} s")
+        else:
+            lines.append(f"exhaustive: infeasible over {ex['points']} points, wall "
+                         f"{ex['wall_s']:.2f} s")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    out = _clean(_result(args))
+    if args.format == "json":
+        print(json.dumps(out, indent=1, allow_nan=False))
+    elif args.format == "csv":
+        raise ValueError("--format csv is not available for optimize; use table or json")
+    else:
+        print(_table(out))
+    return 0

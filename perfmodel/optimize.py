@@ -1,0 +1,1049 @@
+"""Design optimization by gradient descent: the most tokens per watt (or per chip, or per
+dollar) under latency, power, memory and accuracy constraints.
+
+The discrete design (concurrency, number format per tensor class, slice placement per state
+class, power cap, parallel layout) is relaxed for gradients:
+
+- concurrency and the power cap are continuous, in log space / through a sigmoid, and are
+  rounded to the grid at the end;
+- number formats and slice placements are softmaxes over the allowed options with a traced
+  temperature; the model consumes them directly (`Precision` bytes and compute-class
+  vectors, `SliceMapping` probabilities are numbers, so a mixture is a valid input);
+- parallel layouts are static structure (they decide array shapes and collectives): each
+  layout is a *branch* with its own continuous variables, all branches are optimized
+  together, and the relaxed layout choice is a softmax over the branches' losses with a
+  traced temperature (`layout_weights`), which hardening turns into an argmax.
+
+Constraints enter through an augmented Lagrangian (Rockafellar 1973; Nocedal & Wright,
+"Numerical Optimization", 2nd ed., eq. 17.65 for inequalities), each written as a
+dimensionless ratio g = value / limit - 1 <= 0:
+
+    L(x; lam, mu) = -log objective(x) + sum_i [max(0, lam_i + mu g_i(x))^2 - lam_i^2] / (2 mu),
+    lam_i <- max(0, lam_i + mu g_i(x))   after each inner block of Adam steps.
+
+At a solution lam_i is the shadow price d log(objective) / d g_i: relaxing limit_i by one unit
+buys about objective * lam_i / limit_i. Hardening rounds and argmaxes every branch, re-evaluates
+it exactly (`hard=True`), repairs and polishes it by local search over grid neighbours, and
+keeps the best feasible design; relaxed and hardened metrics are reported side by side.
+`exhaustive` enumerates the same grid for comparison.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .architecture import Model
+from .design import PLACEMENTS, Design, Disaggregated, Precision, Runtime, SliceMapping
+from .formats import COMPUTE_CLASSES, FORMAT_BYTES, compute_class, resolve_format
+from .hardware import Chip
+from .serving import Metrics, predict
+from .smooth import DEFAULT_SHARPNESS
+from .workload import Workload
+
+#: Objectives: name -> (description, True when larger is better).
+OBJECTIVES = {
+    "tok_s_per_kw": ("total tokens/s per kW of provisioned chip power (TDP, or the power "
+                     "cap when one is set)", True),
+    "tok_s_per_kw_modeled": ("total tokens/s per kW of modeled chip power", True),
+    "tok_s_per_mw_allin": ("total tokens/s per MW of all-in power", True),
+    "tok_s_per_chip": ("total tokens/s per chip", True),
+    "usd_per_mtok": ("dollars per million total tokens (chip-hours plus energy)", False),
+}
+
+#: Constraints, each a dimensionless ratio g <= 0; `memory` is always on.
+CONSTRAINTS = ("tpot", "ttft", "e2e", "power", "memory", "quality")
+_UNITS = {"tpot": ("ms", 1e3), "ttft": ("ms", 1e3), "e2e": ("s", 1.0), "power": ("W", 1.0),
+          "memory": ("", 1.0), "quality": ("", 1.0)}
+
+#: Tensor classes whose number format is chosen.
+TENSOR_CLASSES = ("weights", "experts", "kv")
+
+#: Prior quality cost per format (dimensionless accuracy loss, e.g. 0.01 = one point of a
+#: benchmark score), by tensor class. Illustrative priors, not measurements: published FP8
+#: and FP4 checkpoints report losses of this order (FP8 well under a point, FP4 about a point
+#: on reasoning benchmarks); pass your own with `quality=` when you have evals.
+DEFAULT_QUALITY = {
+    "weights": {"fp32": 0.0, "bf16": 0.0, "fp16": 0.0, "fp8": 0.002, "int8": 0.002,
+                "mxfp4": 0.01, "nvfp4": 0.008, "int4": 0.01},
+    "experts": {"fp32": 0.0, "bf16": 0.0, "fp16": 0.0, "fp8": 0.001, "int8": 0.001,
+                "mxfp4": 0.006, "nvfp4": 0.005, "int4": 0.006},
+    "kv": {"fp32": 0.0, "bf16": 0.0, "fp16": 0.0, "fp8": 0.001, "int8": 0.002,
+           "mxfp4": 0.02, "nvfp4": 0.02, "int4": 0.02},
+}
+
+#: Chip families whose slice mapping is software's choice; elsewhere the hardware interleaves.
+SOFTWARE_MAPPED_FAMILIES = ("jalapeno",)
+
+_FEASIBLE_TOL = 1e-9
+_CHUNK = 1024
+
+
+# ----------------------------------------------------------------------------------------
+# Specs: targets (traced) and the design space (static)
+# ----------------------------------------------------------------------------------------
+
+def _array(x):
+    return jnp.asarray(x, dtype=float)
+
+
+class Targets(eqx.Module):
+    """Limits and prices (array leaves: changing them never recompiles); `inf` = no limit.
+
+    Build with `targets(...)` from user units.
+    """
+
+    max_tpot: jnp.ndarray = eqx.field(converter=_array, default=jnp.inf)
+    """Median time per output token (s)."""
+    max_ttft: jnp.ndarray = eqx.field(converter=_array, default=jnp.inf)
+    """Median time to first token (s)."""
+    max_e2e: jnp.ndarray = eqx.field(converter=_array, default=jnp.inf)
+    """Median end-to-end latency (s)."""
+    max_power: jnp.ndarray = eqx.field(converter=_array, default=jnp.inf)
+    """Modeled average power per chip (W)."""
+    max_quality_loss: jnp.ndarray = eqx.field(converter=_array, default=jnp.inf)
+    """Sum over tensor classes of the chosen formats' quality costs (dimensionless)."""
+    usd_per_chip_hour: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    """Chip rental or amortized cost ($/h), for `usd_per_mtok`."""
+    usd_per_kwh: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    """Electricity price applied to modeled chip power ($/kWh), for `usd_per_mtok`."""
+
+    def limits(self):
+        """Limits in `CONSTRAINTS` order (memory's is 1: its g is an excess already)."""
+        one = jnp.ones(())
+        return jnp.stack([self.max_tpot, self.max_ttft, self.max_e2e, self.max_power, one,
+                          self.max_quality_loss])
+
+
+def targets(*, max_tpot_ms=None, min_interactivity=None, max_ttft_ms=None, max_e2e_s=None,
+            max_power_w=None, max_deployment_power_kw=None, chips: int = 1,
+            max_quality_loss=None, usd_per_chip_hour=None, usd_per_kwh=None) -> Targets:
+    """`Targets` from user units.
+
+    Args:
+        max_tpot_ms: median TPOT limit (ms).
+        min_interactivity: tokens/s/user floor (= 1000 / max_tpot_ms); the tighter one wins.
+        max_ttft_ms: median TTFT limit (ms).
+        max_e2e_s: median end-to-end latency limit (s).
+        max_power_w: modeled power limit per chip (W).
+        max_deployment_power_kw: power limit of the whole deployment (kW), spread over `chips`.
+        chips: chips of the deployment.
+        max_quality_loss: budget for the summed per-format quality costs (dimensionless, > 0;
+            to forbid a format, leave it out of the allowed formats instead).
+        usd_per_chip_hour, usd_per_kwh: prices for the `usd_per_mtok` objective.
+
+    Raises:
+        ValueError: a non-positive limit, naming it.
+
+    Example:
+        >>> t = targets(max_tpot_ms=10, max_power_w=550)
+        >>> float(t.max_tpot), float(t.max_power)
+        (0.01, 550.0)
+    """
+    given = dict(max_tpot_ms=max_tpot_ms, min_interactivity=min_interactivity,
+                 max_ttft_ms=max_ttft_ms, max_e2e_s=max_e2e_s, max_power_w=max_power_w,
+                 max_deployment_power_kw=max_deployment_power_kw,
+                 max_quality_loss=max_quality_loss)
+    for key, value in given.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"targets: {key} must be > 0, got {value!r}")
+    for key, value in (("usd_per_chip_hour", usd_per_chip_hour), ("usd_per_kwh", usd_per_kwh)):
+        if value is not None and value < 0:
+            raise ValueError(f"targets: {key} must be >= 0, got {value!r}")
+    tpot = math.inf if max_tpot_ms is None else max_tpot_ms / 1e3
+    if min_interactivity is not None:
+        tpot = min(tpot, 1.0 / min_interactivity)
+    power = math.inf if max_power_w is None else float(max_power_w)
+    if max_deployment_power_kw is not None:
+        power = min(power, max_deployment_power_kw * 1e3 / chips)
+    return Targets(max_tpot=tpot,
+                   max_ttft=math.inf if max_ttft_ms is None else max_ttft_ms / 1e3,
+                   max_e2e=math.inf if max_e2e_s is None else float(max_e2e_s),
+                   max_power=power,
+                   max_quality_loss=math.inf if max_quality_loss is None else max_quality_loss,
+                   usd_per_chip_hour=usd_per_chip_hour or 0.0, usd_per_kwh=usd_per_kwh or 0.0)
+
+
+class Space(eqx.Module):
+    """The discrete design grid (static). Build with `design_space`.
+
+    Coordinates, in this order: concurrency, weights format, experts format, KV format,
+    weight placement, KV placement, power cap; plus the layout (one branch each).
+    """
+
+    layouts: tuple = eqx.field(static=True)
+    concurrency: tuple[float, ...] = eqx.field(static=True)
+    """Concurrency grid (requests in flight across the deployment), increasing."""
+    weights: tuple[str, ...] = eqx.field(static=True)
+    experts: tuple[str, ...] = eqx.field(static=True)
+    kv: tuple[str, ...] = eqx.field(static=True)
+    weight_placements: tuple[str, ...] = eqx.field(static=True)
+    kv_placements: tuple[str, ...] = eqx.field(static=True)
+    power_caps: tuple[float, ...] = eqx.field(static=True)
+    """Power caps as fractions of TDP, increasing; (1.0,) = run at TDP."""
+    quality: tuple[tuple[float, ...], ...] = eqx.field(static=True)
+    """Quality cost of each option of weights, experts, kv (dimensionless)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.concurrency), len(self.weights), len(self.experts), len(self.kv),
+                len(self.weight_placements), len(self.kv_placements), len(self.power_caps))
+
+    @property
+    def size(self) -> int:
+        """Discrete designs in the grid (layouts included)."""
+        return len(self.layouts) * math.prod(self.shape)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(model: Model, chip: Chip, chips: int, workload: Workload | None = None,
+                      precision: str | None = None, disaggregated: bool = False) -> tuple:
+    """Parallel layouts of one deployment of `chips` chips (static): `sweep.candidate_layouts`
+    (layouts that hold the weights in `precision` and one sequence) and, with
+    `disaggregated`, every prefill/decode split of the chips into two such pools.
+
+    Example:
+        >>> from perfmodel.presets import get_chip, get_model
+        >>> [x.describe() for x in candidate_layouts(get_model("llama-3.1-8b"), get_chip("h200"),
+        ...                                          2)]
+        ['2xtp1', 'tp2']
+    """
+    from .sweep import candidate_layouts as fitting  # same name here: import locally
+
+    layouts = list(fitting(model, chip, chips, workload, precision))
+    if disaggregated:
+        for n_pre in range(1, chips):
+            for pre in fitting(model, chip, n_pre, workload, precision):
+                for dec in fitting(model, chip, chips - n_pre, workload, precision):
+                    layouts.append(Disaggregated(prefill=pre, decode=dec))
+    return tuple(layouts)
+
+
+def _default_formats(chip: Chip, cls: str) -> tuple[str, ...]:
+    names = ["bf16"]
+    if "fp8" in chip.native_classes:
+        names.append("fp8")
+    if cls != "kv" and "fp4" in chip.native_classes:
+        names.append(chip.fp4_flavor)
+    return tuple(names)
+
+
+def design_space(model: Model, chip: Chip, chips: int, *, workload: Workload | None = None,
+                 layouts=None, concurrency=None, formats: dict | None = None,
+                 placements: dict | None = None,
+                 power_caps=(1.0,), quality: dict | None = None,
+                 disaggregated: bool = False) -> Space:
+    """The grid the optimizer searches (and `exhaustive` enumerates).
+
+    Args:
+        model, chip: decide the default formats (the chip's native ones) and placements.
+        chips: chips of the deployment (every layout uses all of them).
+        workload: sizes the KV cache when choosing the default layouts.
+        layouts: explicit layouts; default `candidate_layouts` (those that hold the weights
+            in the narrowest allowed format).
+        concurrency: concurrency grid; default 1 .. 256 * chips in steps of 2^(1/4).
+        formats: allowed formats per tensor class, e.g. ``{"weights": ("fp4", "fp8"),
+            "kv": ("fp8",)}``; ``"experts"`` defaults to the ``"weights"`` choice. Defaults:
+            the chip's native BF16/FP8/FP4 (KV: BF16/FP8). Dense models have no experts
+            class (one placeholder option).
+        placements: allowed slice placements ``{"weights": (...), "kv": (...)}`` of
+            `design.PLACEMENTS`. Default: all three on chips of `SOFTWARE_MAPPED_FAMILIES`
+            with more than one slice; elsewhere what the hardware does ("interleaved").
+        power_caps: power caps as fractions of TDP in (0, 1].
+        quality: per-class quality costs overriding `DEFAULT_QUALITY`, e.g.
+            ``{"experts": {"mxfp4": 0.02}}``.
+        disaggregated: add prefill/decode splits to the default layouts.
+
+    Raises:
+        ValueError: unknown formats or placements, empty option lists, a layout that does
+            not use `chips` chips, caps outside (0, 1].
+
+    Example:
+        >>> from perfmodel.presets import get_chip, get_model
+        >>> s = design_space(get_model("llama-3.1-8b"), get_chip("h200"), 1)
+        >>> s.weights, s.weight_placements
+        (('bf16', 'fp8'), ('interleaved',))
+    """
+    formats = dict(formats or {})
+    unknown = set(formats) - set(TENSOR_CLASSES)
+    if unknown:
+        raise ValueError(f"design_space: unknown tensor classes {sorted(unknown)}; valid: "
+                         f"{TENSOR_CLASSES}")
+    if "experts" not in formats and "weights" in formats:
+        formats["experts"] = formats["weights"]
+    options = {}
+    for cls in TENSOR_CLASSES:
+        names = formats.get(cls) or _default_formats(chip, cls)
+        if isinstance(names, str):
+            names = names.split(",")
+        options[cls] = tuple(dict.fromkeys(resolve_format(n, chip.fp4_flavor) for n in names))
+    if layouts is None:
+        narrowest = min(options["experts" if model.is_moe else "weights"],
+                        key=lambda f: FORMAT_BYTES[f])
+        layouts = candidate_layouts(model, chip, chips, workload, narrowest, disaggregated)
+    layouts = tuple(layouts)
+    if not layouts:
+        raise ValueError(f"design_space: no layout of {chips} chips holds {model.name}")
+    for layout in layouts:
+        if layout.chips != chips:
+            raise ValueError(f"design_space: layout {layout.describe()} uses {layout.chips} "
+                             f"chips, the deployment has {chips}")
+    if concurrency is None:
+        top = 256.0 * chips
+        grid = sorted({float(round(2.0 ** (k / 4.0))) for k in range(int(4 * math.log2(top)) + 1)})
+    else:
+        grid = sorted({float(c) for c in concurrency})
+    if not grid or grid[0] < 1.0:
+        raise ValueError("design_space: concurrency values must be >= 1")
+    if not model.is_moe:
+        options["experts"] = options["weights"][:1]
+    software = chip.family in SOFTWARE_MAPPED_FAMILIES and float(chip.num_slices) > 1
+    default_place = PLACEMENTS if software else ("interleaved",)
+    placements = dict(placements or {})
+    place = {}
+    for cls in ("weights", "kv"):
+        names = placements.get(cls) or default_place
+        if isinstance(names, str):
+            names = names.split(",")
+        for name in names:
+            if name not in PLACEMENTS:
+                raise ValueError(f"design_space: placement {name!r} for {cls}; valid: "
+                                 f"{PLACEMENTS}")
+        place[cls] = tuple(dict.fromkeys(names))
+    caps = tuple(sorted({float(c) for c in power_caps}))
+    if not caps or caps[0] <= 0 or caps[-1] > 1:
+        raise ValueError("design_space: power_caps are fractions of TDP in (0, 1]")
+    costs = {cls: dict(DEFAULT_QUALITY[cls]) for cls in TENSOR_CLASSES}
+    for cls, table in (quality or {}).items():
+        if cls not in costs:
+            raise ValueError(f"design_space: quality class {cls!r}; valid: {TENSOR_CLASSES}")
+        for name, value in table.items():
+            costs[cls][resolve_format(name, chip.fp4_flavor)] = float(value)
+    quality_table = tuple(tuple(costs[cls][n] for n in options[cls]) for cls in TENSOR_CLASSES)
+    if not model.is_moe:
+        quality_table = (quality_table[0], (0.0,), quality_table[2])
+    return Space(layouts=layouts, concurrency=tuple(grid), weights=options["weights"],
+                 experts=options["experts"], kv=options["kv"],
+                 weight_placements=place["weights"], kv_placements=place["kv"],
+                 power_caps=caps, quality=quality_table)
+
+
+# ----------------------------------------------------------------------------------------
+# Numeric option tables and the evaluation shared by the relaxed and the hard model
+# ----------------------------------------------------------------------------------------
+
+class _Tables(eqx.Module):
+    log_concurrency: jnp.ndarray
+    weight_bytes: jnp.ndarray
+    weight_compute: jnp.ndarray
+    expert_bytes: jnp.ndarray
+    expert_compute: jnp.ndarray
+    kv_bytes: jnp.ndarray
+    attention_compute: jnp.ndarray
+    quality_weights: jnp.ndarray
+    quality_experts: jnp.ndarray
+    quality_kv: jnp.ndarray
+    weight_placement: jnp.ndarray
+    kv_placement: jnp.ndarray
+    caps: jnp.ndarray
+
+
+def _one_hot(index: int, n: int) -> list[float]:
+    return [1.0 if i == index else 0.0 for i in range(n)]
+
+
+def _tables(space: Space, chip: Chip) -> _Tables:
+    native, flavor = chip.native_classes, chip.fp4_flavor
+    n = len(COMPUTE_CLASSES)
+
+    def compute(name):
+        return _one_hot(COMPUTE_CLASSES.index(compute_class(name, native, flavor)), n)
+
+    def attention(name):
+        cls = "fp8" if (name == "fp8" and "fp8" in native) else "bf16"
+        return _one_hot(COMPUTE_CLASSES.index(cls), n)
+
+    def placement(names):
+        return [_one_hot(PLACEMENTS.index(p), len(PLACEMENTS)) for p in names]
+
+    return _Tables(
+        log_concurrency=jnp.log(jnp.asarray(space.concurrency)),
+        weight_bytes=jnp.asarray([FORMAT_BYTES[f] for f in space.weights]),
+        weight_compute=jnp.asarray([compute(f) for f in space.weights]),
+        expert_bytes=jnp.asarray([FORMAT_BYTES[f] for f in space.experts]),
+        expert_compute=jnp.asarray([compute(f) for f in space.experts]),
+        kv_bytes=jnp.asarray([FORMAT_BYTES[f] for f in space.kv]),
+        attention_compute=jnp.asarray([attention(f) for f in space.kv]),
+        quality_weights=jnp.asarray(space.quality[0]),
+        quality_experts=jnp.asarray(space.quality[1]),
+        quality_kv=jnp.asarray(space.quality[2]),
+        weight_placement=jnp.asarray(placement(space.weight_placements)),
+        kv_placement=jnp.asarray(placement(space.kv_placements)),
+        caps=jnp.asarray(space.power_caps) * chip.tdp)
+
+
+class Choice(eqx.Module):
+    """One point of the design, relaxed or hard: concurrency, power cap and probability
+    vectors over each coordinate's options (one-hot for a real design)."""
+
+    concurrency: jnp.ndarray
+    """Requests in flight across the deployment."""
+    power_cap: jnp.ndarray
+    """Chip power cap (W)."""
+    weights: jnp.ndarray
+    experts: jnp.ndarray
+    kv: jnp.ndarray
+    weight_placement: jnp.ndarray
+    kv_placement: jnp.ndarray
+
+
+def _runtime(chip: Chip) -> Runtime:
+    # `sweep.default_runtime` (activation reserve capped at 10% of HBM), traced.
+    return Runtime(activation_reserve=jnp.minimum(4e9, 0.1 * chip.hbm_capacity))
+
+
+def _materialize(chip: Chip, layout, tables: _Tables, choice: Choice):
+    prec = Precision(
+        weight_bytes=choice.weights @ tables.weight_bytes,
+        expert_bytes=choice.experts @ tables.expert_bytes,
+        kv_bytes=choice.kv @ tables.kv_bytes, activation_bytes=FORMAT_BYTES["bf16"],
+        weight_compute=choice.weights @ tables.weight_compute,
+        expert_compute=choice.experts @ tables.expert_compute,
+        attention_compute=choice.kv @ tables.attention_compute)
+    mapping = SliceMapping(weights=choice.weight_placement @ tables.weight_placement,
+                           kv=choice.kv_placement @ tables.kv_placement)
+    design = Design(concurrency=choice.concurrency, layout=layout, precision=prec,
+                    mapping=mapping, runtime=_runtime(chip))
+    capped = eqx.tree_at(lambda c: c.tdp, chip, choice.power_cap)
+    quality = (choice.weights @ tables.quality_weights
+               + choice.experts @ tables.quality_experts + choice.kv @ tables.quality_kv)
+    return capped, design, quality
+
+
+def _objective_value(objective: str, metrics: Metrics, tgt: Targets):
+    if objective == "tok_s_per_kw":
+        return metrics.tok_s_per_kw_tdp
+    if objective == "tok_s_per_kw_modeled":
+        return metrics.throughput_per_chip / (metrics.power_per_chip / 1e3)
+    if objective == "tok_s_per_mw_allin":
+        return metrics.tok_s_per_mw_allin
+    if objective == "tok_s_per_chip":
+        return metrics.throughput_per_chip
+    hourly = tgt.usd_per_chip_hour + metrics.power_per_chip / 1e3 * tgt.usd_per_kwh
+    return hourly / 3600.0 / metrics.throughput_per_chip * 1e6
+
+
+def evaluate(model: Model, chip: Chip, workload: Workload, layout, tables: _Tables,
+             choice: Choice, tgt: Targets, objective: str, sharpness=DEFAULT_SHARPNESS,
+             hard: bool = False):
+    """Objective, constraint vector and metrics of one (relaxed or hard) design point.
+
+    Returns:
+        (score, g, metrics, value): `score` is log(objective) for objectives to maximize and
+        -log(objective) for costs (larger is better either way); `g` has one dimensionless
+        entry per `CONSTRAINTS` (<= 0 is feasible); `value` the objective in its units.
+    """
+    capped, design, quality = _materialize(chip, layout, tables, choice)
+    metrics = predict(model, capped, workload, design, sharpness=sharpness, hard=hard,
+                      check=False)
+    value = _objective_value(objective, metrics, tgt)
+    sign = 1.0 if OBJECTIVES[objective][1] else -1.0
+    score = sign * jnp.log(jnp.maximum(value, 1e-300))
+    measured = jnp.stack([metrics.tpot, metrics.ttft, metrics.e2e, metrics.power_per_chip,
+                          metrics.memory_excess + 1.0, quality])
+    g = measured / tgt.limits() - 1.0
+    return score, g, metrics, value
+
+
+# ----------------------------------------------------------------------------------------
+# Relaxed parameters
+# ----------------------------------------------------------------------------------------
+
+class Relaxed(eqx.Module):
+    """Unconstrained parameters of one branch (one layout): what Adam updates.
+
+    concurrency = exp(lo + (hi - lo) sigmoid(concurrency_logit)) over the grid's range,
+    power cap = cap_lo + (cap_hi - cap_lo) sigmoid(cap_logit), and logits of softmaxes over
+    each coordinate's options (divided by a traced temperature).
+    """
+
+    concurrency_logit: jnp.ndarray
+    cap_logit: jnp.ndarray
+    weights: jnp.ndarray
+    experts: jnp.ndarray
+    kv: jnp.ndarray
+    weight_placement: jnp.ndarray
+    kv_placement: jnp.ndarray
+
+    def choice(self, tables: _Tables, temperature) -> Choice:
+        lo, hi = tables.log_concurrency[0], tables.log_concurrency[-1]
+        c = jnp.exp(lo + (hi - lo) * jax.nn.sigmoid(self.concurrency_logit))
+        cap_lo, cap_hi = tables.caps[0], tables.caps[-1]
+        cap = cap_lo + (cap_hi - cap_lo) * jax.nn.sigmoid(self.cap_logit)
+
+        def soft(logits):
+            return jax.nn.softmax(logits / temperature)
+
+        return Choice(concurrency=c, power_cap=cap, weights=soft(self.weights),
+                      experts=soft(self.experts), kv=soft(self.kv),
+                      weight_placement=soft(self.weight_placement),
+                      kv_placement=soft(self.kv_placement))
+
+
+def _initial(space: Space, start: float) -> Relaxed:
+    logit = math.log(start / (1.0 - start))
+    # Explicit dtypes: weakly typed leaves would retrace the kernel after the first block.
+    def zeros(n):
+        return jnp.zeros(n, dtype=float)
+
+    return Relaxed(concurrency_logit=jnp.asarray(logit, dtype=float),
+                   cap_logit=jnp.asarray(2.0, dtype=float), weights=zeros(len(space.weights)),
+                   experts=zeros(len(space.experts)), kv=zeros(len(space.kv)),
+                   weight_placement=zeros(len(space.weight_placements)),
+                   kv_placement=zeros(len(space.kv_placements)))
+
+
+def relaxed_evaluate(model: Model, chip: Chip, workload: Workload, layout, space: Space,
+                     params: Relaxed, tgt: Targets, objective: str = "tok_s_per_kw",
+                     temperature=1.0, sharpness=DEFAULT_SHARPNESS):
+    """Score, constraints and metrics of relaxed parameters (differentiable in `params`).
+
+    Example:
+        >>> import perfmodel as pm
+        >>> chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
+        >>> space = design_space(model, chip, 1, concurrency=(1, 64))
+        >>> p = _initial(space, 0.5)
+        >>> s, g, m = relaxed_evaluate(model, chip, pm.Workload(1024, 256), space.layouts[0],
+        ...                            space, p, targets(max_tpot_ms=20))
+        >>> g.shape, bool(jnp.isfinite(s))
+        ((6,), True)
+    """
+    tables = _tables(space, chip)
+    score, g, metrics, _ = evaluate(model, chip, workload, layout, tables,
+                                    params.choice(tables, temperature), tgt, objective,
+                                    sharpness)
+    return score, g, metrics
+
+
+def _augmented_loss(score, g, lam, mu):
+    # Rockafellar's augmented Lagrangian for g <= 0 (Nocedal & Wright eq. 17.65).
+    return -score + jnp.sum(jnp.maximum(lam + mu * g, 0.0) ** 2 - lam ** 2) / (2.0 * mu)
+
+
+# ----------------------------------------------------------------------------------------
+# Compiled kernels (one per static structure; compiled once, cached by jax.jit)
+# ----------------------------------------------------------------------------------------
+
+@functools.cache
+def _compiler_options():
+    # XLA:CPU's fusion emitters triple the compile time of this scalar-heavy graph without
+    # speeding it up (measured: 7.5 s -> 3.9 s for one layout's gradient, same run time).
+    return {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else None
+
+
+def _jit(fun, static_argnames):
+    cache = {}
+
+    def call(*args, **kwargs):
+        if "jitted" not in cache:
+            cache["jitted"] = jax.jit(fun, static_argnames=static_argnames,
+                                      compiler_options=_compiler_options())
+        return cache["jitted"](*args, **kwargs)
+
+    return call
+
+
+def _block_impl(params, opt_state, lam, mu, temperatures, chip, workload, tables, tgt,
+                sharpness, *, model, layout, objective, learning_rate):
+    optimizer = _optimizer(learning_rate)
+
+    def loss(p, lam_, mu_, temperature):
+        choice = p.choice(tables, temperature)
+        score, g, _, _ = evaluate(model, chip, workload, layout, tables, choice, tgt,
+                                  objective, sharpness)
+        return _augmented_loss(score, g, lam_, mu_), (score, g)
+
+    def one_start(p, state, lam_, mu_):
+        def step(carry, temperature):
+            p, state = carry
+            (value, (score, g)), grads = jax.value_and_grad(loss, has_aux=True)(
+                p, lam_, mu_, temperature)
+            updates, state = optimizer.update(grads, state, p)
+            return (optax.apply_updates(p, updates), state), (value, score, g)
+
+        (p, state), trace = jax.lax.scan(step, (p, state), temperatures)
+        choice = p.choice(tables, temperatures[-1])
+        score, g, metrics, value = evaluate(model, chip, workload, layout, tables, choice,
+                                            tgt, objective, sharpness)
+        final_loss = _augmented_loss(score, g, lam_, mu_)
+        return p, state, trace, (final_loss, score, g, metrics, value)
+
+    return jax.vmap(one_start)(params, opt_state, lam, mu)
+
+
+@functools.cache
+def _optimizer(learning_rate: float):
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
+
+
+def _counted_block(*args, **kwargs):
+    TRACES[("block", kwargs["model"].name, kwargs["layout"].describe(), kwargs["objective"])] += 1
+    return _block_impl(*args, **kwargs)
+
+
+#: Traces of the compiled kernels by (kernel, model, layout, objective): targets,
+#: temperatures and penalty weights are traced, so a new target must not add one.
+TRACES: collections.Counter = collections.Counter()
+
+_block = _jit(_counted_block, ("model", "layout", "objective", "learning_rate"))
+
+
+def _hard_impl(indices, chip, workload, tables, tgt, *, model, layout, objective):
+    def one(index):
+        choice = _index_choice(tables, index)
+        return evaluate(model, chip, workload, layout, tables, choice, tgt, objective,
+                        hard=True)
+
+    return jax.vmap(one)(indices)
+
+
+_hard = _jit(_hard_impl, ("model", "layout", "objective"))
+
+
+def _index_choice(tables: _Tables, index) -> Choice:
+    def hot(i, n):
+        return jax.nn.one_hot(i, n, dtype=float)
+
+    return Choice(concurrency=jnp.exp(tables.log_concurrency[index[0]]),
+                  power_cap=tables.caps[index[6]],
+                  weights=hot(index[1], tables.weight_bytes.shape[0]),
+                  experts=hot(index[2], tables.expert_bytes.shape[0]),
+                  kv=hot(index[3], tables.kv_bytes.shape[0]),
+                  weight_placement=hot(index[4], tables.weight_placement.shape[0]),
+                  kv_placement=hot(index[5], tables.kv_placement.shape[0]))
+
+
+# ----------------------------------------------------------------------------------------
+# Hard evaluation, local search, exhaustive enumeration
+# ----------------------------------------------------------------------------------------
+
+def _ranks(score, g):
+    """Larger is better: feasible points by score, infeasible ones below them by violation."""
+    violation = np.sum(np.maximum(g, 0.0), axis=-1)
+    feasible = np.all(g <= _FEASIBLE_TOL, axis=-1)
+    return np.where(feasible, score, -1e6 - violation), feasible
+
+
+class _Evaluator:
+    """Hard evaluation of grid indices in fixed-size chunks (one compile per layout)."""
+
+    def __init__(self, model, chip, workload, space, tgt, objective):
+        self.model, self.chip, self.workload = model, chip, workload
+        self.space, self.tgt, self.objective = space, tgt, objective
+        self.tables = _tables(space, chip)
+        self.count = 0
+
+    def __call__(self, layout, indices: np.ndarray, with_metrics: bool = False):
+        indices = np.asarray(indices, dtype=np.int32).reshape(-1, 7)
+        n = indices.shape[0]
+        scores, gs, values, metrics = [], [], [], []
+        for start in range(0, n, _CHUNK):
+            part = indices[start:start + _CHUNK]
+            pad = _CHUNK - part.shape[0]
+            if pad:
+                part = np.concatenate([part, np.repeat(part[-1:], pad, axis=0)])
+            s, g, m, v = _hard(jnp.asarray(part), self.chip, self.workload, self.tables,
+                               self.tgt, model=self.model, layout=layout,
+                               objective=self.objective)
+            keep = _CHUNK - pad
+            scores.append(np.asarray(s)[:keep])
+            gs.append(np.asarray(g)[:keep])
+            values.append(np.asarray(v)[:keep])
+            if with_metrics:
+                metrics.append(jax.tree_util.tree_map(lambda x, k=keep: x[:k], m))
+        self.count += n
+        out = np.concatenate(scores), np.concatenate(gs), np.concatenate(values)
+        return out + (metrics,) if with_metrics else out
+
+    def metrics(self, layout, index) -> Metrics:
+        """Hard metrics of one design (not counted as a search evaluation)."""
+        *_, metrics = self(layout, np.asarray(index)[None], with_metrics=True)
+        self.count -= 1
+        return jax.tree_util.tree_map(lambda x: x[0], metrics[0])
+
+    def blocking(self, layout, index, score) -> list[str]:
+        """Constraints violated by the neighbours that would score better: what stops the
+        design from improving on a discrete grid."""
+        candidates = _neighbours(np.asarray(index), self.space.shape)
+        s, g, _ = self(layout, candidates)
+        better = (s > score + 1e-12) & np.any(g > _FEASIBLE_TOL, axis=-1)
+        return [name for i, name in enumerate(CONSTRAINTS) if np.any(g[better, i] >
+                                                                      _FEASIBLE_TOL)]
+
+
+_CONCURRENCY_MOVES = (-8, -4, -2, -1, 1, 2, 4, 8)
+
+
+def _neighbours(index: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    out = []
+    for delta in _CONCURRENCY_MOVES:
+        out.append(_with(index, 0, index[0] + delta, shape))
+    for axis in range(1, 7):
+        if axis == 6:
+            alternatives = [index[6] - 1, index[6] + 1]
+        else:
+            alternatives = [k for k in range(shape[axis]) if k != index[axis]]
+        for k in alternatives:
+            if not 0 <= k < shape[axis]:
+                continue
+            moved = index.copy()
+            moved[axis] = k
+            for delta in (0, -4, -2, -1, 1, 2, 4):
+                out.append(_with(moved, 0, moved[0] + delta, shape))
+    return np.unique(np.stack(out), axis=0)
+
+
+def _with(index, axis, value, shape):
+    moved = index.copy()
+    moved[axis] = int(np.clip(value, 0, shape[axis] - 1))
+    return moved
+
+
+def _local_search(evaluator: _Evaluator, layout, start: np.ndarray, max_iterations: int = 40):
+    space = evaluator.space
+    current = np.asarray(start, dtype=np.int64)
+    score, g, value = evaluator(layout, current[None])
+    rank, _ = _ranks(score, g)
+    best = (float(rank[0]), current, float(score[0]), g[0], float(value[0]))
+    for _ in range(max_iterations):
+        candidates = _neighbours(best[1], space.shape)
+        s, gs, vs = evaluator(layout, candidates)
+        ranks, _ = _ranks(s, gs)
+        k = int(np.argmax(ranks))
+        if ranks[k] <= best[0] + 1e-12:
+            break
+        best = (float(ranks[k]), candidates[k], float(s[k]), gs[k], float(vs[k]))
+    return best
+
+
+def _round(space: Space, tables: _Tables, params: Relaxed) -> np.ndarray:
+    log_c = np.asarray(tables.log_concurrency)
+    lo, hi = log_c[0], log_c[-1]
+    c = lo + (hi - lo) / (1.0 + np.exp(-float(params.concurrency_logit)))
+    caps = np.asarray(tables.caps)
+    cap = caps[0] + (caps[-1] - caps[0]) / (1.0 + np.exp(-float(params.cap_logit)))
+    return np.array([int(np.argmin(np.abs(log_c - c))),
+                     int(np.argmax(np.asarray(params.weights))),
+                     int(np.argmax(np.asarray(params.experts))),
+                     int(np.argmax(np.asarray(params.kv))),
+                     int(np.argmax(np.asarray(params.weight_placement))),
+                     int(np.argmax(np.asarray(params.kv_placement))),
+                     int(np.argmin(np.abs(caps - cap)))])
+
+
+def _describe(space: Space, chip: Chip, layout, index) -> dict:
+    index = [int(i) for i in index]
+    return {"layout": layout.describe(), "chips": layout.chips,
+            "concurrency": int(space.concurrency[index[0]]),
+            "formats": {"weights": space.weights[index[1]],
+                        "experts": space.experts[index[2]], "kv": space.kv[index[3]]},
+            "placements": {"weights": space.weight_placements[index[4]],
+                           "kv": space.kv_placements[index[5]]},
+            "power_cap_w": float(space.power_caps[index[6]] * float(chip.tdp))}
+
+
+def _design(space: Space, chip: Chip, layout, index):
+    tables = _tables(space, chip)
+    capped, design, _ = _materialize(chip, layout, tables, _index_choice(
+        tables, jnp.asarray(index, dtype=jnp.int32)))
+    names = (space.weights[index[1]], space.experts[index[2]], space.kv[index[3]])
+    design = eqx.tree_at(lambda d: d.precision, design,
+                         dataclasses.replace(design.precision, names=names))
+    return capped, design
+
+
+@dataclasses.dataclass
+class ExhaustiveResult:
+    """Best design of the grid by enumeration."""
+
+    design: dict | None
+    """Description of the best feasible design (None when none is feasible)."""
+    objective_value: float | None
+    feasible: bool
+    points: int
+    wall_s: float
+    closest: dict | None = None
+    """When nothing is feasible: the design with the smallest total violation."""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Targets,
+               objective: str = "tok_s_per_kw") -> ExhaustiveResult:
+    """Enumerate every design of `space` with the exact (hard) model and keep the best
+    feasible one.
+
+    Example:
+        >>> import perfmodel as pm
+        >>> chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
+        >>> space = design_space(model, chip, 1, concurrency=(1, 8, 64))
+        >>> r = exhaustive(model, chip, pm.Workload(1024, 256), space, targets(max_tpot_ms=50))
+        >>> r.points, r.feasible
+        (6, True)
+    """
+    _check(model, chip, workload, space, objective)
+    start = time.perf_counter()
+    evaluator = _Evaluator(model, chip, workload, space, tgt, objective)
+    best, best_layout = None, None
+    for layout in space.layouts:
+        grid = np.stack(np.unravel_index(np.arange(math.prod(space.shape)), space.shape), -1)
+        score, g, value = evaluator(layout, grid)
+        ranks, _ = _ranks(score, g)
+        k = int(np.argmax(ranks))
+        if best is None or ranks[k] > best[0]:
+            best, best_layout = (float(ranks[k]), grid[k], float(value[k]), g[k]), layout
+    wall = time.perf_counter() - start
+    feasible = bool(np.all(best[3] <= _FEASIBLE_TOL))
+    described = _describe(space, chip, best_layout, best[1])
+    if feasible:
+        return ExhaustiveResult(design=described, objective_value=best[2], feasible=True,
+                                points=evaluator.count, wall_s=wall)
+    return ExhaustiveResult(design=None, objective_value=None, feasible=False,
+                            points=evaluator.count, wall_s=wall,
+                            closest={"design": described, "violations": _violations(best[3])})
+
+
+# ----------------------------------------------------------------------------------------
+# The optimizer
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class OptimizeResult:
+    """Hardened design and its relaxed counterpart.
+
+    `design` / `objective_value` / `metrics` are the hardened (exact, `hard=True`) design;
+    when no feasible design was found they are None and `closest` holds the design with the
+    smallest total constraint violation and what it achieves.
+    """
+
+    objective: str
+    design: dict | None
+    objective_value: float | None
+    feasible: bool
+    metrics: dict | None
+    binding: list
+    multipliers: dict
+    relaxed_metrics: dict
+    relaxed_objective_value: float
+    layout_weights: dict
+    """Relaxed layout choice: softmax of minus each branch's final loss / temperature."""
+    trajectory: dict
+    """Per Adam step, for the chosen branch: score, max violation, temperature."""
+    evaluations: int
+    """Hard evaluations spent in hardening and local search."""
+    wall_s: float
+    result: str
+    """"feasible" or "infeasible"."""
+    closest: dict | None = None
+    chip: Chip | None = None
+    """The chip with the chosen power cap as its TDP (None when infeasible)."""
+    design_spec: Design | None = None
+    """The hardened `Design` (None when infeasible)."""
+
+    def as_dict(self) -> dict:
+        """JSON-ready dict (the `perfmodel optimize --format json` keys)."""
+        keys = ("design", "metrics", "objective", "objective_value", "feasible", "binding",
+                "multipliers", "relaxed_metrics", "relaxed_objective_value", "layout_weights",
+                "evaluations", "wall_s", "result", "closest")
+        return {k: getattr(self, k) for k in keys}
+
+
+def _violations(g) -> dict:
+    return {name: float(g[i]) for i, name in enumerate(CONSTRAINTS) if g[i] > _FEASIBLE_TOL}
+
+
+def _check(model, chip, workload, space, objective):
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r}; valid objectives: {tuple(OBJECTIVES)}")
+    if not isinstance(model, Model) or not isinstance(chip, Chip):
+        raise ValueError("model and chip must be perfmodel Model and Chip (see get_model, "
+                         "get_chip)")
+    if not isinstance(workload, Workload):
+        raise ValueError("workload must be a perfmodel Workload")
+    if not isinstance(space, Space):
+        raise ValueError("space must be a Space (see design_space)")
+
+
+def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Targets,
+             objective: str = "tok_s_per_kw", *, steps: int = 240, blocks: int = 6,
+             learning_rate: float = 0.1, temperature=(1.0, 0.02), starts=(0.3, 0.7),
+             mu=10.0, sharpness=DEFAULT_SHARPNESS, binding_tol: float = 0.03,
+             throw: bool = False) -> OptimizeResult:
+    """Find the best design of `space` under `tgt` by gradient descent, then harden it.
+
+    Every layout is a branch; each branch runs `len(starts)` Adam trajectories (vectorized)
+    for `steps` steps split into `blocks` augmented-Lagrangian blocks, with the softmax
+    temperature annealed geometrically from `temperature[0]` to `temperature[1]`.
+
+    Args:
+        model, chip, workload: what is served, on what.
+        space: the grid (`design_space`).
+        tgt: limits and prices (`targets`).
+        objective: one of `OBJECTIVES`.
+        steps, blocks, learning_rate: Adam schedule.
+        temperature: (start, end) of the softmax temperature (traced: no recompiles).
+        starts: initial concurrency positions in [0, 1] of the log range (one trajectory
+            each).
+        mu: initial penalty weight of the augmented Lagrangian (doubled per block while the
+            violation does not halve).
+        sharpness: smooth-max p of the relaxed model.
+        binding_tol: a constraint binds when the hardened design is within this fraction
+            of its limit, or when a better-scoring grid neighbour violates it.
+        throw: raise `RuntimeError` when no feasible design is found.
+
+    Returns:
+        `OptimizeResult`.
+
+    Raises:
+        ValueError: unknown objective, bad arguments (before tracing).
+        RuntimeError: infeasible, with `throw=True`.
+
+    Example:
+        >>> import perfmodel as pm
+        >>> chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
+        >>> space = design_space(model, chip, 1, concurrency=(1, 2, 4, 8, 16, 32, 64))
+        >>> r = optimize(model, chip, pm.Workload(1024, 256), space,
+        ...              targets(max_tpot_ms=8), steps=60, blocks=3)
+        >>> r.feasible, r.metrics["tpot_s"] <= 0.008
+        (True, True)
+    """
+    _check(model, chip, workload, space, objective)
+    if steps < blocks or blocks < 1:
+        raise ValueError(f"optimize: need steps >= blocks >= 1, got steps={steps}, "
+                         f"blocks={blocks}")
+    if not starts or any(not 0 < s < 1 for s in starts):
+        raise ValueError("optimize: starts are positions in (0, 1)")
+    t0 = time.perf_counter()
+    tables = _tables(space, chip)
+    inner = steps // blocks
+    t_start, t_end = temperature
+    schedule = t_start * (t_end / t_start) ** (np.arange(inner * blocks) / max(
+        inner * blocks - 1, 1))
+    n_starts, n_con = len(starts), len(CONSTRAINTS)
+    optimizer = _optimizer(float(learning_rate))
+    branches = []
+    for layout in space.layouts:
+        params = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
+                                        *[_initial(space, s) for s in starts])
+        state = jax.vmap(optimizer.init)(params)
+        lam = jnp.zeros((n_starts, n_con))
+        mus = jnp.full((n_starts,), float(mu))
+        previous = np.full(n_starts, np.inf)
+        traces = []
+        for b in range(blocks):
+            temps = jnp.asarray(schedule[b * inner:(b + 1) * inner])
+            params, state, trace, final = _block(
+                params, state, lam, mus, temps, chip, workload, tables, tgt,
+                jnp.asarray(sharpness, dtype=float), model=model, layout=layout,
+                objective=objective, learning_rate=float(learning_rate))
+            _, _, g, _, _ = final
+            traces.append((np.asarray(trace[1]), np.asarray(trace[2]), np.asarray(temps)))
+            lam = jnp.maximum(lam + mus[:, None] * g, 0.0)
+            violation = np.max(np.maximum(np.asarray(g), 0.0), axis=-1)
+            grow = violation > 0.5 * previous
+            mus = jnp.where(jnp.asarray(grow), jnp.minimum(mus * 2.0, 1e4), mus)
+            previous = violation
+        branches.append(dict(layout=layout, params=params, lam=np.asarray(lam),
+                             final=final, traces=traces))
+
+    # Hardening: round every trajectory, repair and polish by local search, keep the best.
+    evaluator = _Evaluator(model, chip, workload, space, tgt, objective)
+    best = None
+    for bi, branch in enumerate(branches):
+        for si in range(n_starts):
+            params = jax.tree_util.tree_map(lambda x, i=si: x[i], branch["params"])
+            found = _local_search(evaluator, branch["layout"], _round(space, tables, params))
+            if best is None or found[0] > best[0][0]:
+                best = (found, bi, si)
+    (rank, index, score, g, value), bi, si = best
+    branch = branches[bi]
+    layout = branch["layout"]
+    feasible = bool(np.all(g <= _FEASIBLE_TOL))
+
+    # Relaxed side of the report: the chosen branch's relaxed design at the final temperature.
+    final_loss, relaxed_score, relaxed_g, relaxed_metrics, relaxed_value = branch["final"]
+    relaxed = {k: float(v) for k, v in jax.tree_util.tree_map(
+        lambda x: x[si], relaxed_metrics).as_dict().items()}
+    losses = np.array([float(np.min(np.asarray(b["final"][0]))) for b in branches])
+    weights = np.exp(-(losses - losses.min()) / float(t_end))
+    weights = weights / weights.sum()
+    layout_weights = {b["layout"].describe(): float(w) for b, w in
+                      zip(branches, weights, strict=True)}
+    scores = np.concatenate([t[0][si] for t in branch["traces"]])
+    gmax = np.concatenate([np.max(np.maximum(t[1][si], 0.0), axis=-1)
+                           for t in branch["traces"]])
+    temps = np.concatenate([t[2] for t in branch["traces"]])
+    trajectory = {"score": scores.tolist(), "max_violation": gmax.tolist(),
+                  "temperature": temps.tolist()}
+
+    described = _describe(space, chip, layout, index)
+    limits = np.asarray(tgt.limits())
+    lam = branch["lam"][si]
+    multipliers = {}
+    for i, name in enumerate(CONSTRAINTS):
+        if not np.isfinite(limits[i]) and name != "memory":
+            continue
+        unit, scale = _UNITS[name]
+        entry = {"lambda": float(lam[i])}
+        if feasible and name not in ("memory",) and np.isfinite(limits[i]):
+            # d objective / d limit = objective * lam / limit (at a binding constraint).
+            sign = 1.0 if OBJECTIVES[objective][1] else -1.0
+            entry["per_unit"] = float(sign * value * lam[i] / (limits[i] * scale))
+            entry["unit"] = f"{objective} per {unit}" if unit else objective
+        multipliers[name] = entry
+    if feasible:
+        metrics = evaluator.metrics(layout, index)
+        metric_dict = {k: float(v) for k, v in metrics.as_dict().items()}
+        near = {name for i, name in enumerate(CONSTRAINTS)
+                if np.isfinite(limits[i]) and name != "memory" and g[i] >= -binding_tol}
+        if float(metrics.running_batch) >= (1.0 - binding_tol) * float(metrics.max_batch):
+            near.add("memory")
+        near.update(evaluator.blocking(layout, index, score))
+        binding = [name for name in CONSTRAINTS if name in near]
+        capped, spec = _design(space, chip, layout, index)
+        result = OptimizeResult(
+            objective=objective, design=described, objective_value=value, feasible=True,
+            metrics=metric_dict, binding=binding, multipliers=multipliers,
+            relaxed_metrics=relaxed, relaxed_objective_value=float(relaxed_value[si]),
+            layout_weights=layout_weights, trajectory=trajectory,
+            evaluations=evaluator.count, wall_s=time.perf_counter() - t0, result="feasible",
+            chip=capped, design_spec=spec)
+        return result
+    metrics = evaluator.metrics(layout, index)
+    closest = {"design": described,
+               "metrics": {k: float(v) for k, v in metrics.as_dict().items()},
+               "objective_value": value, "violations": _violations(g),
+               "achievable": {name: float((g[i] + 1.0) * limits[i] * _UNITS[name][1])
+                              for i, name in enumerate(CONSTRAINTS)
+                              if g[i] > _FEASIBLE_TOL and name != "memory"}}
+    if throw:
+        raise RuntimeError(f"optimize: no feasible design in the grid; closest: {closest}")
+    return OptimizeResult(
+        objective=objective, design=None, objective_value=None, feasible=False, metrics=None,
+        binding=[name for name in _violations(g)], multipliers=multipliers,
+        relaxed_metrics=relaxed, relaxed_objective_value=float(relaxed_value[si]),
+        layout_weights=layout_weights, trajectory=trajectory, evaluations=evaluator.count,
+        wall_s=time.perf_counter() - t0, result="infeasible", closest=closest)

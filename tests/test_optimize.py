@@ -1,0 +1,241 @@
+"""Design optimization: the hardened gradient result against exhaustive enumeration of the
+same grid on 20+ scenarios, finite-difference gradients, no recompiles, errors, the CLI."""
+
+import json
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import perfmodel as pm
+from perfmodel import optimize as po
+from perfmodel.design import Layout
+
+# Three kernel groups (model, chip, layout, objective), each compiled once and shared by
+# its scenarios: targets are traced, so changing them never recompiles.
+SMALL = dict(steps=120, blocks=4)
+
+
+def _h200_8b():
+    chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
+    space = po.design_space(model, chip, 1, layouts=(Layout(tp=1),))
+    return model, chip, pm.Workload(1024, 256), space
+
+
+def _jalapeno_r1(chip=None):
+    chip = chip if chip is not None else pm.get_chip("jalapeno")
+    model = pm.get_model("deepseek-r1")
+    space = po.design_space(model, chip, 8, layouts=(Layout(tp=8, ep=8, dp_attention=True),),
+                            concurrency=[2 ** (k / 2) for k in range(0, 23)],
+                            formats={"weights": ("fp8",), "experts": ("fp8", "fp4"),
+                                     "kv": ("fp8",)},
+                            power_caps=(0.7, 0.85, 1.0))
+    return model, chip, pm.Workload(8192, 1024), space
+
+
+def _b200_gptoss():
+    chip, model = pm.get_chip("b200"), pm.get_model("gpt-oss-120b")
+    space = po.design_space(model, chip, 1, layouts=(Layout(tp=1),),
+                            concurrency=[2 ** (k / 2) for k in range(0, 19)])
+    return model, chip, pm.Workload(1024, 1024), space
+
+
+GROUPS = {"h200-8b": _h200_8b, "jalapeno-r1": _jalapeno_r1, "b200-gptoss": _b200_gptoss}
+
+# (group, objective, targets): 22 scenarios, 2 of them infeasible.
+SCENARIOS = [
+    ("h200-8b", "tok_s_per_kw", dict(max_tpot_ms=5)),
+    ("h200-8b", "tok_s_per_kw", dict(max_tpot_ms=8)),
+    ("h200-8b", "tok_s_per_kw", dict(max_tpot_ms=12)),
+    ("h200-8b", "tok_s_per_kw", dict(max_tpot_ms=20)),
+    ("h200-8b", "tok_s_per_kw", dict(max_tpot_ms=12, max_ttft_ms=300)),
+    ("h200-8b", "tok_s_per_kw", dict(max_e2e_s=2.0)),
+    ("h200-8b", "tok_s_per_kw", dict(max_tpot_ms=12, max_power_w=450)),
+    ("h200-8b", "tok_s_per_kw", dict(max_tpot_ms=8, max_quality_loss=0.0015)),
+    ("h200-8b", "tok_s_per_kw", dict(max_tpot_ms=0.5)),                  # infeasible
+    ("jalapeno-r1", "tok_s_per_kw", dict(max_tpot_ms=10, max_power_w=550)),
+    ("jalapeno-r1", "tok_s_per_kw", dict(max_tpot_ms=15, max_power_w=550)),
+    ("jalapeno-r1", "tok_s_per_kw", dict(max_tpot_ms=25)),
+    ("jalapeno-r1", "tok_s_per_kw", dict(max_tpot_ms=40)),
+    ("jalapeno-r1", "tok_s_per_kw", dict(max_tpot_ms=20, max_power_w=450)),
+    ("jalapeno-r1", "tok_s_per_kw", dict(max_tpot_ms=20, max_quality_loss=0.004)),
+    ("jalapeno-r1", "tok_s_per_kw", dict(max_tpot_ms=20, max_ttft_ms=2000)),
+    ("jalapeno-r1", "tok_s_per_kw", dict(max_tpot_ms=1, max_power_w=200)),  # infeasible
+    ("b200-gptoss", "tok_s_per_chip", dict(max_tpot_ms=5)),
+    ("b200-gptoss", "tok_s_per_chip", dict(max_tpot_ms=10)),
+    ("b200-gptoss", "tok_s_per_chip", dict(min_interactivity=50)),
+    ("b200-gptoss", "tok_s_per_chip", dict(max_tpot_ms=10, max_power_w=700)),
+    ("b200-gptoss", "tok_s_per_chip", dict(max_tpot_ms=8, max_ttft_ms=500)),
+]
+
+
+@pytest.fixture(scope="module")
+def groups():
+    return {name: build() for name, build in GROUPS.items()}
+
+
+def test_scenarios_match_exhaustive(groups):
+    assert len(SCENARIOS) >= 20
+    infeasible = 0
+    for name, objective, limits in SCENARIOS:
+        model, chip, workload, space = groups[name]
+        tgt = po.targets(chips=space.layouts[0].chips, **limits)
+        result = po.optimize(model, chip, workload, space, tgt, objective, **SMALL)
+        best = po.exhaustive(model, chip, workload, space, tgt, objective)
+        label = f"{name} {objective} {limits}"
+        assert result.feasible == best.feasible, label
+        if limits.get("max_tpot_ms", 100) <= 1:
+            assert not best.feasible, label
+        if not best.feasible:
+            infeasible += 1
+            assert result.design is None and result.objective_value is None, label
+            assert result.closest is not None and result.closest["violations"], label
+            assert result.result == "infeasible"
+            continue
+        # Hardened and re-evaluated exactly: within 2% of the grid's optimum, and feasible.
+        assert result.objective_value >= 0.98 * best.objective_value, (label, result.design,
+                                                                       best.design)
+        m = result.metrics
+        if "max_tpot_ms" in limits:
+            assert m["tpot_s"] <= limits["max_tpot_ms"] / 1e3 * (1 + 1e-9), label
+        if "max_power_w" in limits:
+            assert m["power_w"] <= limits["max_power_w"] * (1 + 1e-9), label
+        assert m["fits"], label
+    # The two impossible targets, at least, are reported infeasible; most are feasible.
+    assert 2 <= infeasible <= 4
+
+
+def test_infeasible_reports_closest_tradeoff(groups):
+    model, chip, workload, space = groups["h200-8b"]
+    tgt = po.targets(max_tpot_ms=0.5)
+    result = po.optimize(model, chip, workload, space, tgt, **SMALL)
+    assert not result.feasible and result.design is None
+    closest = result.closest
+    # The closest design reports the TPOT it achieves: above the impossible target.
+    assert closest["achievable"]["tpot"] > 0.5
+    assert closest["metrics"]["tpot_s"] * 1e3 == pytest.approx(closest["achievable"]["tpot"])
+    with pytest.raises(RuntimeError, match="no feasible design"):
+        po.optimize(model, chip, workload, space, tgt, throw=True, **SMALL)
+
+
+def test_report_binding_and_multipliers(groups):
+    model, chip, workload, space = groups["h200-8b"]
+    result = po.optimize(model, chip, workload, space, po.targets(max_tpot_ms=8), **SMALL)
+    assert result.feasible and "tpot" in result.binding
+    assert result.multipliers["tpot"]["lambda"] > 0
+    # Looser TPOT buys throughput per kW: a positive shadow price.
+    assert result.multipliers["tpot"]["per_unit"] > 0
+    looser = po.optimize(model, chip, workload, space, po.targets(max_tpot_ms=12), **SMALL)
+    assert looser.objective_value > result.objective_value
+    d = result.as_dict()
+    for key in ("design", "metrics", "objective", "objective_value", "feasible", "binding",
+                "multipliers", "relaxed_metrics", "wall_s"):
+        assert key in d
+    json.dumps(d)
+    # The relaxed design sits at the constraint; the hardened one on the grid below it.
+    assert result.relaxed_metrics["tpot_s"] == pytest.approx(0.008, rel=0.05)
+    assert len(result.trajectory["score"]) == SMALL["steps"]
+
+
+def test_targets_never_recompile(groups):
+    model, chip, workload, space = groups["h200-8b"]
+    po.optimize(model, chip, workload, space, po.targets(max_tpot_ms=9), **SMALL)
+    before = dict(po.TRACES)
+    po.optimize(model, chip, workload, space, po.targets(max_tpot_ms=11, max_power_w=600),
+                temperature=(2.0, 0.05), mu=5.0, **SMALL)
+    assert dict(po.TRACES) == before
+
+
+def _direction_check(fun, params, key):
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    direction = jax.tree_util.tree_unflatten(
+        treedef, [jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)])
+    _, tangent = jax.jvp(fun, (params,), (direction,))
+
+    def shifted(eps):
+        return fun(jax.tree_util.tree_map(lambda p, d: p + eps * d, params, direction))
+
+    eps = 1e-5
+    central = (shifted(eps) - shifted(-eps)) / (2 * eps)
+    return np.asarray(tangent), np.asarray(central)
+
+
+def test_gradients_match_finite_differences():
+    """d(score, g) / d(every continuous variable) against float64 central differences along
+    random directions, at sampled relaxed points (all placements and the power cap live)."""
+    chip, model = pm.get_chip("jalapeno"), pm.get_model("llama-3.1-8b")
+    space = po.design_space(model, chip, 1, layouts=(Layout(tp=1),),
+                            concurrency=(1, 512), power_caps=(0.6, 1.0))
+    workload = pm.Workload(2048, 512)
+    tgt = po.targets(max_tpot_ms=10, max_ttft_ms=500, max_e2e_s=5, max_power_w=500,
+                     max_quality_loss=0.01)
+
+    @eqx.filter_jit
+    def outputs(params):
+        score, g, _ = po.relaxed_evaluate(model, chip, workload, space.layouts[0], space,
+                                          params, tgt, temperature=0.7)
+        return jnp.concatenate([score[None], g])
+
+    key = jax.random.PRNGKey(0)
+    for sample in range(3):
+        key, k1, k2 = jax.random.split(key, 3)
+        base = po._initial(space, 0.2 + 0.3 * sample)
+        leaves, treedef = jax.tree_util.tree_flatten(base)
+        noise = jax.random.split(k1, len(leaves))
+        params = jax.tree_util.tree_unflatten(
+            treedef, [x + 0.5 * jax.random.normal(k, x.shape)
+                      for k, x in zip(noise, leaves, strict=True)])
+        tangent, central = _direction_check(outputs, params, k2)
+        assert np.all(np.isfinite(tangent))
+        # Constant constraints (memory at a fixed layout can still move with formats) and
+        # all others: central differences of O(eps^2) error at eps = 1e-5 in float64.
+        np.testing.assert_allclose(tangent, central, rtol=1e-5, atol=1e-8)
+
+
+def test_validation_errors():
+    chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
+    with pytest.raises(ValueError, match="max_tpot_ms"):
+        po.targets(max_tpot_ms=-1)
+    with pytest.raises(ValueError, match="unknown tensor classes"):
+        po.design_space(model, chip, 1, formats={"activations": ("fp8",)})
+    with pytest.raises(ValueError, match="placement"):
+        po.design_space(model, chip, 1, placements={"kv": ("striped",)})
+    with pytest.raises(ValueError, match="power_caps"):
+        po.design_space(model, chip, 1, power_caps=(1.2,))
+    with pytest.raises(ValueError, match="uses 2 chips"):
+        po.design_space(model, chip, 1, layouts=(Layout(tp=2),))
+    with pytest.raises(ValueError, match="unknown number format"):
+        po.design_space(model, chip, 1, formats={"weights": ("fp5",)})
+    space = po.design_space(model, chip, 1, concurrency=(1, 2))
+    with pytest.raises(ValueError, match="objective"):
+        po.optimize(model, chip, pm.Workload(128, 128), space, po.targets(), "tokens")
+
+
+def test_default_space_on_gpu_and_jalapeno():
+    model = pm.get_model("deepseek-r1")
+    gpu = po.design_space(model, pm.get_chip("gb300"), 8)
+    assert gpu.weight_placements == ("interleaved",) and gpu.kv_placements == ("interleaved",)
+    assert "nvfp4" in gpu.experts
+    jal = po.design_space(model, pm.get_chip("jalapeno"), 8)
+    assert jal.weight_placements == pm.design.PLACEMENTS
+    assert all(layout.chips == 8 for layout in jal.layouts)
+
+
+def test_cli_json(capsys, groups):
+    from perfmodel.cli import main
+
+    status = main(["optimize", "--model", "llama-3.1-8b", "--chip", "h200", "--chips", "1",
+                   "--isl", "1024", "--osl", "256", "--max-tpot-ms", "8", "--steps", "120",
+                   "--check-exhaustive", "--format", "json"])
+    assert status == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("design", "metrics", "objective", "objective_value", "feasible", "binding",
+                "multipliers", "relaxed_metrics", "wall_s", "exhaustive"):
+        assert key in out
+    assert set(out["exhaustive"]) >= {"design", "objective_value", "points", "wall_s"}
+    assert out["objective_value"] >= 0.98 * out["exhaustive"]["objective_value"]
+    assert out["metrics"]["tpot_s"] <= 0.008
+    assert main(["optimize", "--chip", "h200", "--formats", "weights"]) == 2
