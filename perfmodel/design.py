@@ -247,6 +247,15 @@ class Runtime(eqx.Module):
     """HBM reserved for activations, CUDA graphs and workspace (bytes)."""
     max_running: jnp.ndarray = eqx.field(converter=_array, default=jnp.inf)
     """Cap on running sequences per instance (vLLM max_num_seqs); inf for none."""
+    seq_overhead: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    """Host time per running sequence per engine step not hidden behind the GPU (sampling,
+    detokenization, scheduler bookkeeping); vLLM-era Python engines show tens of us (s)."""
+    request_overhead: jnp.ndarray = eqx.field(converter=_array, default=0.015)
+    """Per-request time outside the engine steps, seen by the client in TTFT and E2E: HTTP,
+    tokenization, hand-off to the engine process, the first streamed chunk (s)."""
+    admission_steps: jnp.ndarray = eqx.field(converter=_array, default=0.5)
+    """Engine steps a new request waits before its prefill is scheduled (0.5: the step in
+    flight; schedulers that favour running decodes wait longer) (steps)."""
     framework: str = eqx.field(static=True, default="generic")
 
 
@@ -265,9 +274,11 @@ class Design(eqx.Module):
     """Requests in flight across the deployment (closed-loop clients)."""
     layout: Layout | Disaggregated
     precision: Precision
-    mapping: SliceMapping = SliceMapping()
-    speculative: SpecDecode = SpecDecode()
-    runtime: Runtime = Runtime()
+    # Factories, not instances: defaults built at import time would freeze the dtype in
+    # force then (float32 before a caller enables x64).
+    mapping: SliceMapping = eqx.field(default_factory=SliceMapping)
+    speculative: SpecDecode = eqx.field(default_factory=SpecDecode)
+    runtime: Runtime = eqx.field(default_factory=Runtime)
 
     @property
     def chips(self) -> int:

@@ -112,8 +112,8 @@ class Chip(eqx.Module):
     allin_power: jnp.ndarray = eqx.field(converter=_array)
     """All-in power per chip: chip, host, network and facility share (W); InferenceX's
     "tokens/s per MW" divides by it."""
-    energy: EnergyCoefficients = EnergyCoefficients()
-    efficiency: Efficiency = Efficiency()
+    energy: EnergyCoefficients = eqx.field(default_factory=EnergyCoefficients)
+    efficiency: Efficiency = eqx.field(default_factory=Efficiency)
 
     def __check_init__(self):
         n = len(COMPUTE_CLASSES)

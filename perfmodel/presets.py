@@ -141,15 +141,14 @@ def _num(row, key):
     return float(value) if value not in ("", None) else None
 
 
-@functools.cache
-def _build_chip(key: str) -> Chip:
+def _datasheet_kwargs(key: str) -> dict:
     row = _chip_rows()[key]
     tdp = _num(row, "tdp_w")
     idle = _num(row, "idle_w")
     dims = tuple(int(x) for x in row["torus_dims"].split("x")) if row["torus_dims"] else (16, 16)
     allin = _num(row, "allin_kw")
-    return from_datasheet(
-        key, family=row["family"], bf16_tflops=_num(row, "bf16_tflops"),
+    return dict(
+        family=row["family"], bf16_tflops=_num(row, "bf16_tflops"),
         fp8_tflops=_num(row, "fp8_tflops"), int8_tops=_num(row, "int8_tops"),
         fp4_tflops=_num(row, "fp4_tflops"), fp4_flavor=row["fp4_flavor"],
         hbm_gb=_num(row, "hbm_gb"), hbm_tb_s=_num(row, "hbm_tb_s"),
@@ -163,19 +162,41 @@ def _build_chip(key: str) -> Chip:
         allin_kw=allin if allin is not None else 2.0 * tdp / 1e3)
 
 
-def get_chip(name: str, calibrated: bool = True) -> Chip:
+@functools.cache
+def _build_chip(key: str) -> Chip:
+    return from_datasheet(key, **_datasheet_kwargs(key))
+
+
+def get_chip(name: str, calibrated: bool = True, **overrides) -> Chip:
     """A chip preset by name, with the fitted efficiency and energy parameters of its family
-    when `calibrated` and a fit exists (see `perfmodel.calibration`).
+    when `calibrated` and a fit exists (see `perfmodel.params`).
+
+    Args:
+        name: preset key or any known label ("GB200", "b200-trt", "H100 80GB HBM3").
+        calibrated: apply the family's fitted parameters.
+        **overrides: datasheet-unit arguments of `hardware.from_datasheet` replacing the
+            preset's (e.g. ``hbm_gb=216, num_slices=4`` for a Jalapeno variant).
 
     Raises:
-        ValueError: unknown name, listing the valid ones.
+        ValueError: unknown name, listing the valid ones; unknown override names.
 
     Example:
         >>> chip = get_chip("GB200")
         >>> chip.name, chip.domain_size, round(float(chip.hbm_bandwidth) / 1e12, 1)
         ('gb200', 72, 8.0)
+        >>> round(float(get_chip("jalapeno", hbm_gb=216).hbm_capacity) / 1e9)
+        216
     """
-    chip = _build_chip(chip_key(name))
+    key = chip_key(name)
+    if overrides:
+        kwargs = _datasheet_kwargs(key)
+        unknown = sorted(set(overrides) - set(kwargs))
+        if unknown:
+            raise ValueError(f"unknown chip override(s) {', '.join(unknown)}; valid: "
+                             f"{', '.join(sorted(kwargs))}")
+        chip = from_datasheet(key, **{**kwargs, **overrides})
+    else:
+        chip = _build_chip(key)
     if calibrated:
         from . import params
         chip = params.apply_fitted(chip)

@@ -315,7 +315,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
     tokens = jnp.asarray(decode_seqs, dtype=float) * (1.0 + design.speculative.draft_tokens) \
         + jnp.asarray(prefill_tokens, dtype=float)
     comm, sent = _communication(model, chip, design, layout, tokens)
-    total = sum(times) + comm + design.runtime.step_overhead
+    total = sum(times) + comm + design.runtime.step_overhead \
+        + design.runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float)
     flops = sum(op.flops for op in ops)
     weighted = sum(op.flops * jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
                    for op in ops)

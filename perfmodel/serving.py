@@ -7,7 +7,9 @@ c = smooth_max(that demand, min(I, max_batched_tokens)) tokens, carried by a fra
 f = demand / c of the steps. A step costs T0 without a chunk and Tc with one, so
 
     mean step  = T0 + f (Tc - T0),    TPOT = mean step / tau,
-    TTFT       = half a step (waiting for the step in flight) + own prefill
+    TTFT       = request overhead (HTTP, tokenization) + admission wait (a fraction of a
+                 step, or several steps where the scheduler favours running decodes)
+                 + own prefill
                  + queueing when concurrency exceeds the batch that fits in memory,
     E2E        = TTFT + (O - 1) TPOT,  throughput = concurrency / E2E (Little's law).
 
@@ -32,7 +34,7 @@ from .hardware import Chip
 from .kvcache import kv_bytes_per_request, max_batch, weight_bytes_per_chip
 from .power import apply_power_cap, dynamic_energy
 from .roofline import step_cost
-from .smooth import DEFAULT_SHARPNESS, smooth_max, smooth_min, soft_penalty
+from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
 from .workload import Workload
 
 METRIC_KEYS = ("concurrency", "tput_per_chip", "interactivity", "ttft_s", "tpot_s", "e2e_s",
@@ -149,14 +151,16 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     power = chip.idle_power + energy / step
     tpot = step / tau
     own_prefill = smooth_max(I / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
-    ttft_base = 0.5 * step + own_prefill
+    ttft_base = rt.request_overhead + rt.admission_steps * step + own_prefill
     e2e_base = ttft_base + (O - 1.0) * tpot
     e2e = e2e_base * per_instance / running
     ttft = e2e - (O - 1.0) * tpot
     requests_per_s = concurrency / e2e
     # Percentiles.
     steps = O / tau
-    spread = jnp.sqrt(frequency * (1.0 - frequency) / jnp.maximum(steps, 1.0))
+    # safe_sqrt: every step carries a chunk (frequency = 1) at high load, where a plain sqrt
+    # has an infinite derivative and the gradient turns NaN.
+    spread = safe_sqrt(frequency * (1.0 - frequency) / jnp.maximum(steps, 1.0))
     p99_tpot = tpot + 2.326 * spread * (mixed.time - plain.time) / tau
     longest = workload.input_len
     p99_own = smooth_max(longest / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
@@ -211,7 +215,7 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
         transfer = chip.scale_up.time("p2p", shard, 2)
     else:
         transfer = chip.scale_out.time("p2p", shard, 2)
-    ttft_base = 0.5 * batch.time + single.time + transfer
+    ttft_base = rt.request_overhead + rt.admission_steps * batch.time + single.time + transfer
     e2e_base = ttft_base + (O - 1.0) * tpot
     decode_capacity = dec.replicas * running / ((O - 1.0) * tpot + tpot)
     demand = concurrency / e2e_base
@@ -262,7 +266,7 @@ def _check_values(workload: Workload, design: Design, chip: Chip):
         out.append(eqx.error_if(value, ~(value > low) | ~jnp.isfinite(value), message))
     ratios = (workload.input_range_ratio, workload.output_range_ratio)
     for r in ratios:
-        out.append(eqx.error_if(r, (r <= 0) | (r > 1),
+        out.append(eqx.error_if(r, ~((r > 0) & (r <= 1)),
                                 "workload range ratios must lie in (0, 1]"))
     return out
 
@@ -287,8 +291,9 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         `Metrics`.
 
     Raises:
-        ValueError: structural misuse (before tracing); invalid values (at run time, with
-            `check`).
+        ValueError: structural misuse (before tracing).
+        equinox.EquinoxRuntimeError: invalid traced values (a `RuntimeError`, from
+            `eqx.error_if`, eager and jitted alike), when `check`.
 
     Example:
         >>> import perfmodel as pm
@@ -301,10 +306,15 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
     """
     _validate(model, chip, workload, design)
     if check:
+        # Every checked value is threaded back into the specs: an unused eqx.error_if result
+        # is dead code under jit, and its check silently vanishes.
         checked = _check_values(workload, design, chip)
-        workload = eqx.tree_at(lambda w: (w.input_len, w.output_len), workload,
-                               (checked[0], checked[1]))
+        workload = eqx.tree_at(
+            lambda w: (w.input_len, w.output_len, w.input_range_ratio, w.output_range_ratio),
+            workload, (checked[0], checked[1], checked[5], checked[6]))
         design = eqx.tree_at(lambda d: d.concurrency, design, checked[2])
+        chip = eqx.tree_at(lambda c: (c.hbm_bandwidth, c.peak_flops), chip,
+                           (checked[3], checked[4]))
     concurrency = design.concurrency
     if workload.request_rate is not None:
         concurrency = _open_loop_concurrency(model, chip, workload, design, sharpness, hard)

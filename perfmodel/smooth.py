@@ -42,7 +42,7 @@ def smooth_max(*xs, sharpness=DEFAULT_SHARPNESS, hard: bool = False):
         return top
     positive = top > 0
     safe_top = jnp.where(positive, top, 1.0)
-    ratios = stacked / safe_top
+    ratios = stacked / safe_top[None]   # explicit axis: strict rank promotion
     # ratios are in [0, 1]; ratios**p has a finite gradient at 0 for p > 1.
     total = jnp.where(positive, jnp.sum(ratios**sharpness, axis=0), 1.0)  # >= 1 where used
     norm = total ** (1.0 / sharpness)
@@ -69,6 +69,19 @@ def safe_log(x, floor=1e-30):
     x = jnp.asarray(x)
     ok = x > floor
     return jnp.where(ok, jnp.log(jnp.where(ok, x, 1.0)), jnp.log(floor))
+
+
+def safe_sqrt(x):
+    """`sqrt(x)` for `x >= 0` with a finite gradient (0) at `x = 0` (double-`where` trick).
+
+    Example:
+        >>> import jax
+        >>> float(jax.grad(safe_sqrt)(0.0)), float(safe_sqrt(4.0))
+        (0.0, 2.0)
+    """
+    x = jnp.asarray(x)
+    ok = x > 0
+    return jnp.where(ok, jnp.sqrt(jnp.where(ok, x, 1.0)), 0.0)
 
 
 def safe_div(numerator, denominator):
