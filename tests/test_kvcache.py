@@ -1,0 +1,136 @@
+"""KV cache: bytes per token against hand computations (GQA, MLA, sliding windows), the
+scaling book's figures, linearity in context, and the batch that fits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import perfmodel as pm
+from perfmodel.kvcache import kv_fraction_per_chip, weight_bytes_per_chip
+
+
+def test_gqa_llama_3_70b():
+    """GQA caches 2 K H values per token and layer: Llama-3.1-70B has K = 8 KV heads of
+    H = 128 over L = 80 layers (HF config)."""
+    model = pm.get_model("llama-3.1-70b")
+    assert float(pm.kv_bytes_per_token_layer(model, 2.0)) == 2 * 8 * 128 * 2
+    per_token = float(pm.kv_bytes_per_request(model, 1.0, 2.0))
+    assert per_token == 2 * 8 * 128 * 80 * 2 == 327_680   # 320 KiB in bf16
+    # The scaling book, "Serving LLaMA 3-70B" (applied-inference.md): "KV cache size per
+    # token in int8 = 2 * K * H * L = 2 * 8 * 128 * 80 = 160kiB", and at 32k tokens
+    # "162e3 * 32,768 = 5.3GB / sequence".
+    assert float(pm.kv_bytes_per_request(model, 1.0, 1.0)) == 160 * 1024
+    np.testing.assert_allclose(float(pm.kv_bytes_per_request(model, 32768.0, 1.0)) / 1e9,
+                               5.3, rtol=2e-2)   # 5.37 GB: the book rounds 163,840 to 162e3
+
+
+def test_mla_deepseek_r1():
+    """MLA caches the compressed latent and the decoupled RoPE key: kv_lora_rank 512 +
+    qk_rope_head_dim 64 = 576 values per token and layer (DeepSeek-V3, arXiv 2412.19437,
+    sec. 2.1.1; config.json), over 61 layers."""
+    model = pm.get_model("deepseek-r1")
+    assert (model.kv_lora_rank, model.qk_rope_head_dim, model.num_layers) == (512, 64, 61)
+    assert float(pm.kv_bytes_per_token_layer(model, 1.0)) == 576
+    # FP8 cache at 8192 tokens: 576 x 61 x 8192 bytes = 287.8 MB per request.
+    assert float(pm.kv_bytes_per_request(model, 8192.0, 1.0)) == 576 * 61 * 8192
+    # The same heads under MHA would cache 2 x 128 heads x 128 dims: 56.9x more.
+    mha = 2 * model.num_heads * model.v_head_dim
+    np.testing.assert_allclose(mha / 576, 56.89, rtol=1e-3)
+
+
+def test_sliding_window_gpt_oss():
+    """gpt-oss-120b alternates 18 full and 18 sliding (128-token) layers of 8 KV heads x 64."""
+    model = pm.get_model("gpt-oss-120b")
+    per = 2 * 8 * 64
+    for context in (64.0, 128.0, 8192.0):
+        want = per * (18 * context + 18 * min(context, 128.0))
+        assert float(pm.kv_bytes_per_request(model, context, 1.0)) == want
+
+
+FULL = [n for n in pm.model_names() if pm.get_model(n).num_sliding_layers == 0]
+SLIDING = [n for n in pm.model_names() if pm.get_model(n).num_sliding_layers > 0]
+
+
+def test_both_kinds_of_model_exist():
+    assert len(FULL) >= 5 and set(SLIDING) >= {"gpt-oss-120b", "llama-4-scout"}
+
+
+@given(name=st.sampled_from(FULL), context=st.floats(1.0, 1e6),
+       more=st.floats(1.0, 1e6), scale=st.floats(0.01, 100.0),
+       kv_bytes=st.sampled_from([0.5625, 1.0, 2.0]))
+def test_kv_linear_in_context_for_full_attention(name, context, more, scale, kv_bytes):
+    model = pm.get_model(name)
+    kv = lambda c: float(pm.kv_bytes_per_request(model, c, kv_bytes))  # noqa: E731
+    np.testing.assert_allclose(kv(context + more), kv(context) + kv(more), rtol=1e-12)
+    np.testing.assert_allclose(kv(scale * context), scale * kv(context), rtol=1e-12)
+    per_token = model.kv_values_per_token_layer * model.num_layers * kv_bytes
+    np.testing.assert_allclose(kv(context), per_token * context, rtol=1e-12)
+
+
+@given(name=st.sampled_from(SLIDING), context=st.floats(1.0, 1e6), more=st.floats(0.0, 1e6))
+def test_kv_capped_for_sliding_layers(name, context, more):
+    """Sliding layers hold at most `sliding_window` tokens: the cache grows by the full
+    layers' rate only, and the sliding part never exceeds its cap."""
+    model = pm.get_model(name)
+    per_layer = model.kv_values_per_token_layer
+    full_rate = per_layer * model.num_full_layers
+    cap = per_layer * model.num_sliding_layers * model.sliding_window
+    kv = lambda c: float(pm.kv_bytes_per_request(model, c, 1.0))  # noqa: E731
+    sliding_part = kv(context) - full_rate * context
+    assert -1e-6 * kv(context) <= sliding_part <= cap * (1 + 1e-12)
+    assert kv(context + more) >= kv(context)
+    if context >= model.sliding_window:
+        np.testing.assert_allclose(sliding_part, cap, rtol=1e-9)
+        np.testing.assert_allclose(kv(context + more) - kv(context), full_rate * more,
+                                   rtol=1e-9, atol=1e-6 * kv(context))
+
+
+def test_max_batch_by_hand():
+    """Llama-3.1-8B in BF16 on one H200: (0.9 x 141 GB - weights - 4 GB reserve) over
+    128 KiB x context per sequence; TP2 halves both weights and KV per chip."""
+    model, chip = pm.get_model("llama-3.1-8b"), pm.get_chip("h200")
+    prec = pm.precision(chip, model, "bf16", kv="bf16")
+    context = 4096.0
+    per_seq = 2 * 8 * 128 * 32 * 2 * context
+    for tp in (1, 2):
+        layout = pm.Layout(tp=tp)
+        weights = model.total_params * 2 / tp
+        np.testing.assert_allclose(float(weight_bytes_per_chip(model, layout, prec)), weights,
+                                   rtol=1e-12)
+        want = (0.9 * 141e9 - weights - 4e9) / (per_seq / tp)
+        got = float(pm.max_batch(model, layout, prec, chip.hbm_capacity, context))
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_kv_sharding_rules():
+    """GQA heads split over min(tp, K) chips; MLA's latent has no head axis (replicated under
+    TP); DP attention keeps each request on one chip; pipeline stages split layers."""
+    llama, ds = pm.get_model("llama-3.1-70b"), pm.get_model("deepseek-r1")
+    assert kv_fraction_per_chip(llama, pm.Layout(tp=4)) == 1 / 4
+    assert kv_fraction_per_chip(llama, pm.Layout(tp=16)) == 1 / 8   # only 8 KV heads
+    assert kv_fraction_per_chip(llama, pm.Layout(tp=4, pp=2)) == 1 / 8
+    assert kv_fraction_per_chip(ds, pm.Layout(tp=8)) == 1.0
+    assert kv_fraction_per_chip(ds, pm.Layout(tp=8, ep=8, dp_attention=True)) == 1.0
+    # DP attention: 8 chips each hold their own requests' latents, so 8x the sequences of
+    # one chip's free memory (weights differ: attention is replicated under DP attention).
+    chip = pm.get_chip("gb200")
+    prec = pm.precision(chip, ds, "fp4")
+    dpa = pm.Layout(tp=8, ep=8, dp_attention=True)
+    free = 0.9 * float(chip.hbm_capacity) - float(weight_bytes_per_chip(ds, dpa, prec)) - 4e9
+    want = free / float(pm.kv_bytes_per_request(ds, 8192.0, prec.kv_bytes)) * 8
+    got = float(pm.max_batch(ds, dpa, prec, chip.hbm_capacity, 8192.0))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["deepseek-r1", "llama-3.1-405b", "gpt-oss-120b"])
+def test_weights_per_chip_sum_to_the_model(name):
+    """Summed over the chips of an instance, sharded weights make the whole model once
+    (replicated attention under DP attention counts tp times)."""
+    model, chip = pm.get_model(name), pm.get_chip("b200")
+    prec = pm.precision(chip, model, "bf16", experts="bf16")
+    layout = pm.Layout(tp=8, ep=8 if model.is_moe else 1, pp=2)
+    total = float(weight_bytes_per_chip(model, layout, prec)) * layout.chips_per_instance
+    np.testing.assert_allclose(total, model.total_params * 2.0, rtol=1e-12)

@@ -1,0 +1,124 @@
+"""The per-operator roofline: FLOP and byte counts against the scaling book's arithmetic
+intensities, and how operator times combine into a step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import perfmodel as pm
+from perfmodel.roofline import OPERATOR_NAMES, operator_time
+
+WEIGHT_OPS = ("qkv_proj", "out_proj", "dense_ffn", "lm_head")
+
+
+def _dense_design(fmt, kv="bf16"):
+    chip, model = pm.get_chip("b200"), pm.get_model("llama-3.1-8b")   # B200 runs NVFP4
+    return model, chip, pm.Design(concurrency=1.0, layout=pm.Layout(tp=1),
+                                  precision=pm.precision(chip, model, fmt, kv=kv))
+
+
+@pytest.mark.parametrize("fmt, bytes_per_weight", [("bf16", 2.0), ("fp8", 1.0),
+                                                   ("nvfp4", 0.5625)])
+@pytest.mark.parametrize("batch", [1.0, 4.0])
+def test_dense_decode_intensity_is_2b_over_bytes(fmt, bytes_per_weight, batch):
+    """A decode matmul reads each weight once and does 2 FLOPs per weight per sequence: its
+    arithmetic intensity is about 2 B / b FLOP/byte for b bytes per weight ("How to Scale
+    Your Model", inference chapter: 2BDF / (2BD + 2DF + 2BF) ~ B for bf16, B << D, F).
+    Activation traffic is < 0.3 % of the weight bytes here, hence 1 %."""
+    model, chip, design = _dense_design(fmt)
+    assert float(design.precision.weight_bytes) == bytes_per_weight
+    ops = {op.name: op for op in pm.operators(model, chip, design, design.layout, batch,
+                                              2048.0)}
+    for name in WEIGHT_OPS:
+        np.testing.assert_allclose(float(ops[name].intensity), 2 * batch / bytes_per_weight,
+                                   rtol=1e-2, err_msg=name)
+    weights = sum(float(ops[n].weight_bytes) for n in WEIGHT_OPS)
+    # Every non-embedding weight is read once per step.
+    np.testing.assert_allclose(weights, model.active_params * bytes_per_weight, rtol=1e-12)
+
+
+@pytest.mark.parametrize("batch", [1.0, 16.0, 256.0])
+def test_decode_attention_intensity_is_constant(batch):
+    """Attention at decode reads each sequence's own KV cache: its intensity does not grow
+    with batch. With Q/KV head ratio N/K it is 2 N / (K b) FLOP/byte (MHA in bf16: 1, the
+    book's "S >> T = 1 implies ST / (S + T) ~ 1")."""
+    model, chip, design = _dense_design("bf16")
+    op = pm.operators(model, chip, design, design.layout, batch, 8192.0)[1]
+    assert op.name == "attention"
+    ratio = model.num_heads / model.num_kv_heads
+    # The new token's KV write adds 1 / 8192 of the read.
+    np.testing.assert_allclose(float(op.intensity), 2 * ratio / 2.0, rtol=1e-3)
+
+
+def test_mla_decode_attention_flops():
+    """Absorbed MLA at decode: scores over the 576-wide latent and values over the 512-wide
+    latent for each of N = 128 heads: 2 N (2 r + r_rope) FLOPs per cached token and layer."""
+    chip, model = pm.get_chip("gb200"), pm.get_model("deepseek-r1")
+    design = pm.Design(concurrency=1.0, layout=pm.Layout(tp=8, ep=8, dp_attention=True),
+                       precision=pm.precision(chip, model, "fp4"))
+    batch, context = 64.0, 4096.0
+    op = pm.operators(model, chip, design, design.layout, batch, context)[1]
+    per_chip_batch = batch / 8   # DP attention: each chip runs its own sequences
+    want = 2 * per_chip_batch * 128 * context * 61 * (2 * 512 + 64)
+    np.testing.assert_allclose(float(op.flops), want, rtol=1e-12)
+    # FP8 latent cache: 576 bytes per token and layer, read once (+ the new token).
+    kv = per_chip_batch * 61 * 576 * (context + 1)
+    np.testing.assert_allclose(float(op.kv_bytes), kv, rtol=1e-12)
+
+
+def test_operator_time_is_its_roofline():
+    """hard=True: max(compute, memory, fabric) + kernels x overhead, exactly."""
+    model, chip, design = _dense_design("fp8")
+    eff = chip.efficiency
+    for op in pm.operators(model, chip, design, design.layout, 32.0, 2048.0):
+        t, _ = operator_time(op, chip, design, 32.0, hard=True)
+        peak = float(np.sum(np.asarray(op.compute_mix) * np.asarray(chip.peak_flops)))
+        frac = float(eff.attention_max) if op.name == "attention" else \
+            float(eff.compute_fraction(op.rows))
+        compute = float(op.flops) / (peak * max(frac, 1e-6))
+        memory = float(op.hbm_bytes) / float(chip.hbm_bandwidth * eff.bandwidth_max) \
+            + float(eff.memory_latency) * (float(op.hbm_bytes) > 0)
+        want = max(compute, memory) + float(eff.kernel_overhead) * float(op.kernels)
+        np.testing.assert_allclose(float(t), want, rtol=1e-12, err_msg=op.name)
+
+
+@pytest.mark.parametrize("batch", [1.0, 64.0, 2048.0])
+def test_step_is_sum_of_operators_and_smooth_bound(batch):
+    """A step is the sum of its operators, collectives and host overhead; the smooth max
+    lies between the hard max and 3^(1/24) times it (three roofline terms, p = 24)."""
+    chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-70b")
+    zero = {f.name: 0.0 for f in dataclasses.fields(pm.Runtime)
+            if "overhead" in f.name and f.name != "step_overhead"}
+    design = pm.Design(concurrency=1.0, layout=pm.Layout(tp=8),
+                       precision=pm.precision(chip, model, "fp8"),
+                       runtime=pm.Runtime(step_overhead=1e-3, **zero))
+    hard = pm.step_cost(model, chip, design, design.layout, batch, 4096.0, 1024.0, 512.0,
+                        1.0, hard=True)
+    names = [op.name for op in pm.operators(model, chip, design, design.layout, batch, 4096.0)]
+    assert len(hard.operator_times) == len(names) and set(names) <= set(OPERATOR_NAMES)
+    np.testing.assert_allclose(float(hard.time), float(sum(hard.operator_times))
+                               + float(hard.collective_time) + 1e-3, rtol=1e-12)
+    assert float(hard.collective_time) > 0   # TP8 all-reduces
+    smooth = pm.step_cost(model, chip, design, design.layout, batch, 4096.0, 1024.0, 512.0,
+                          1.0)
+    assert float(hard.time) <= float(smooth.time) <= 3 ** (1 / 24) * float(hard.time)
+    np.testing.assert_allclose(float(smooth.flops), float(hard.flops), rtol=1e-12)
+
+
+def test_prefill_is_compute_bound_and_decode_memory_bound():
+    """The book's two regimes: an 8k-token prefill chunk is compute-bound in every matmul,
+    a batch-1 decode step is memory-bound in every operator."""
+    model, chip, design = _dense_design("fp8")
+    peak = chip.peak_flops[1]
+    bandwidth = chip.hbm_bandwidth
+    decode = pm.operators(model, chip, design, design.layout, 1.0, 2048.0)
+    prefill = pm.operators(model, chip, design, design.layout, 0.0, 0.0, 8192.0, 4096.0, 1.0)
+    for op in decode:
+        if float(op.flops) > 0:
+            assert float(op.flops / peak) < float(op.hbm_bytes / bandwidth), op.name
+    for op in prefill:
+        if op.name in ("qkv_proj", "out_proj", "dense_ffn"):
+            assert float(op.flops / peak) > 2 * float(op.hbm_bytes / bandwidth), op.name
