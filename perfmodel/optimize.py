@@ -801,8 +801,8 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
         >>> chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
         >>> space = design_space(model, chip, 1, concurrency=(1, 8, 64))
         >>> r = exhaustive(model, chip, pm.Workload(1024, 256), space, targets(max_tpot_ms=50))
-        >>> r.points, r.feasible
-        (6, True)
+        >>> r.points, r.feasible   # 3 concurrencies x 2 weight x 2 KV formats
+        (12, True)
     """
     _check(model, chip, workload, space, objective)
     start = time.perf_counter()

@@ -66,6 +66,9 @@ def test_slow_fabric_moves_state_to_local_slices():
     and gains throughput over the best all-interleaved design."""
     base = pm.get_chip("jalapeno")
     slow = eqx.tree_at(lambda c: c.slice_bandwidth, base, base.hbm_bandwidth / 16)
+    # Lift the 700 W cap (as above): under the fitted energy figures the preset is
+    # power-bound, and a power-bound step hides where its bytes come from.
+    slow = eqx.tree_at(lambda c: c.tdp, slow, 1e5)
     model = pm.get_model("deepseek-r1")
     layout = Layout(tp=8, ep=8, dp_attention=True)
     workload = pm.Workload(8192, 1024)
