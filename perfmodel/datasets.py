@@ -1,0 +1,305 @@
+"""Published measurement tables: loading, validation, and the mapping of a benchmark row to
+the specs the model predicts from (model, chip, workload, design).
+
+Every loader checks the columns it needs and the values in them, and a bad file raises
+`DataError` naming the file, the line and the column, before anything is traced.
+
+Interpretation of InferenceMAX rows (documented assumptions, see calibration/README.md):
+
+- Aggregated rows: one instance of `tp` chips, `ep` expert-parallel, DP attention as logged;
+  `conc` is the number of clients of that instance.
+- Disaggregated rows: `num_*_gpu / *_num_workers` chips per worker. Where the logged
+  `*_tp * *_num_workers` disagrees with `num_*_gpu` (Dynamo-SGLang and SGLang-disagg log
+  tp = 1 for wide-EP DP-attention workers), the worker size wins: tp = chips per worker, and
+  ep = tp when DP attention is on (wide EP, as those recipes run), else the logged ep if it
+  divides tp.
+- MTP rows: `MTP_DRAFT_TOKENS` draft tokens at per-token acceptance `MTP_ACCEPTANCE`
+  (assumption: the InferenceMAX recipes run 1-3 MTP steps; DeepSeek-V3 reports 85-90 %
+  acceptance of the second token on real text, lower on random-token prompts).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass
+
+#: Draft tokens and per-token acceptance assumed for InferenceMAX rows with MTP.
+MTP_DRAFT_TOKENS = 2.0
+MTP_ACCEPTANCE = 0.7
+
+#: Columns of an InferenceMAX row the model reads (measured columns are optional).
+INFERENCEMAX_INPUTS = ("model", "hardware", "framework", "precision", "isl", "osl", "conc")
+INFERENCEMAX_MEASURED = ("tput_per_gpu", "output_tput_per_gpu", "median_ttft_s",
+                         "median_tpot_s", "median_e2el_s", "median_intvty_tok_s_user",
+                         "p99_ttft_s", "p99_tpot_s")
+
+
+class DataError(ValueError):
+    """A data file is missing, corrupt or incomplete; the message names file, line, column."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows of a CSV file with their line numbers (header = line 1)."""
+
+    path: str
+    columns: tuple[str, ...]
+    rows: tuple[dict, ...]
+    lines: tuple[int, ...]
+
+    def where(self, i: int, column: str) -> str:
+        return f"{self.path}, line {self.lines[i]}, column {column!r}"
+
+
+def read_table(path: str | os.PathLike, required: tuple[str, ...] = ()) -> Table:
+    """Read a CSV file, checking the header has every `required` column.
+
+    Raises:
+        DataError: missing file, empty file, ragged row or missing column, naming them.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.csv"
+        >>> _ = p.write_text("a,b\\n1,2\\n")
+        >>> read_table(p, ("a",)).rows[0]["b"]
+        '2'
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+    with open(path, newline="") as handle:
+        reader = csv.reader(handle)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise DataError(f"{path}: empty file (no header line)") from None
+        header = [h.strip() for h in header]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise DataError(f"{path}, line 1: missing column(s) {', '.join(map(repr, missing))}")
+        rows, lines = [], []
+        for cells in reader:
+            line = reader.line_num
+            if not cells or all(not c.strip() for c in cells):
+                continue
+            if len(cells) != len(header):
+                raise DataError(f"{path}, line {line}: {len(cells)} fields, the header has "
+                                f"{len(header)} (truncated or corrupt row)")
+            rows.append(dict(zip(header, (c.strip() for c in cells), strict=True)))
+            lines.append(line)
+    return Table(path=path, columns=tuple(header), rows=tuple(rows), lines=tuple(lines))
+
+
+def number(table: Table, i: int, column: str, *, positive: bool = False,
+           optional: bool = False) -> float | None:
+    """The float in row `i`, `column`; None for an empty optional cell.
+
+    Raises:
+        DataError: an empty required cell, text that is not a number, a NaN/inf, or a
+            non-positive value where `positive`, naming file, line and column.
+    """
+    text = table.rows[i].get(column, "")
+    if text == "":
+        if optional:
+            return None
+        raise DataError(f"{table.where(i, column)}: empty, a number is required")
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(f"{table.where(i, column)}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise DataError(f"{table.where(i, column)}: {text!r} is not finite")
+    if positive and value <= 0:
+        raise DataError(f"{table.where(i, column)}: {value!r} must be > 0")
+    return value
+
+
+def flag(table: Table, i: int, column: str, default: bool = False) -> bool:
+    """A True/False cell (empty -> `default`)."""
+    text = table.rows[i].get(column, "").lower()
+    if text in ("", "nan", "none"):
+        return default
+    if text in ("true", "1", "1.0", "yes"):
+        return True
+    if text in ("false", "0", "0.0", "no"):
+        return False
+    raise DataError(f"{table.where(i, column)}: {text!r} is not True/False")
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """Parallel layout of one pool, as plain ints (turned into `perfmodel.Layout`)."""
+
+    tp: int
+    ep: int
+    dp_attention: bool
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One InferenceMAX-style row, interpreted; `measured` holds whatever was measured."""
+
+    index: int
+    line: int
+    model: str
+    hardware: str
+    framework: str
+    precision: str
+    isl: float
+    osl: float
+    conc: float
+    mtp: bool
+    layout: PoolLayout | None
+    prefill: PoolLayout | None
+    decode: PoolLayout | None
+    measured: dict
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.decode is not None
+
+    @property
+    def structure(self) -> tuple:
+        """What must be equal for two rows to share one batched evaluation."""
+        return (self.model, self.hardware, self.precision, self.layout, self.prefill,
+                self.decode)
+
+
+def _as_int(value: float | None, where: str) -> int:
+    if value is None or value < 1 or abs(value - round(value)) > 1e-6:
+        raise DataError(f"{where}: {value!r} must be a positive integer")
+    return int(round(value))
+
+
+def _pool(table: Table, i: int, prefix: str) -> PoolLayout:
+    tp = _as_int(number(table, i, f"{prefix}tp"), table.where(i, f"{prefix}tp"))
+    ep_value = number(table, i, f"{prefix}ep", optional=True)
+    ep = 1 if ep_value is None else _as_int(ep_value, table.where(i, f"{prefix}ep"))
+    dpa = flag(table, i, f"{prefix}dp_attention")
+    return PoolLayout(tp=tp, ep=ep, dp_attention=dpa)
+
+
+def _worker(table: Table, i: int, side: str) -> PoolLayout:
+    logged = _pool(table, i, f"{side}_")
+    workers = _as_int(number(table, i, f"{side}_num_workers"),
+                      table.where(i, f"{side}_num_workers"))
+    chips = _as_int(number(table, i, f"num_{side}_gpu"), table.where(i, f"num_{side}_gpu"))
+    if chips % workers:
+        raise DataError(f"{table.where(i, f'num_{side}_gpu')}: {chips} chips do not split "
+                        f"into {workers} workers")
+    size = chips // workers
+    if logged.tp == size:
+        tp, ep = size, logged.ep
+    else:
+        tp = size
+        ep = size if logged.dp_attention else logged.ep
+    if tp % ep:
+        ep = math.gcd(tp, ep)
+    return PoolLayout(tp=tp, ep=ep, dp_attention=logged.dp_attention, replicas=workers)
+
+
+def load_benchmarks(path: str | os.PathLike, require_measured: bool = False) -> list[BenchRow]:
+    """InferenceMAX-style rows (the columns of `benchmarks_inferencemax.csv`).
+
+    Args:
+        path: the CSV file.
+        require_measured: also require the measured columns the fit uses (throughput, median
+            TPOT and TTFT) to be present and positive.
+
+    Raises:
+        DataError: a missing column or a corrupt value, naming file, line and column.
+    """
+    required = INFERENCEMAX_INPUTS + (("tput_per_gpu", "median_tpot_s", "median_ttft_s")
+                                      if require_measured else ())
+    table = read_table(path, required)
+    out = []
+    for i, row in enumerate(table.rows):
+        for column in ("model", "hardware", "framework", "precision"):
+            if not row[column]:
+                raise DataError(f"{table.where(i, column)}: empty, a name is required")
+        isl = number(table, i, "isl", positive=True)
+        osl = number(table, i, "osl", positive=True)
+        conc = number(table, i, "conc", positive=True)
+        if osl <= 1:
+            raise DataError(f"{table.where(i, 'osl')}: must be > 1 token")
+        disagg = flag(table, i, "disagg")
+        if disagg:
+            for c in ("prefill_tp", "decode_tp", "prefill_num_workers", "decode_num_workers",
+                      "num_prefill_gpu", "num_decode_gpu"):
+                if c not in table.columns:
+                    raise DataError(f"{table.path}, line 1: missing column {c!r} needed by "
+                                    f"the disaggregated row on line {table.lines[i]}")
+            layout, prefill, decode = None, _worker(table, i, "prefill"), \
+                _worker(table, i, "decode")
+        else:
+            for c in ("tp",):
+                if c not in table.columns:
+                    raise DataError(f"{table.path}, line 1: missing column {c!r}")
+            layout, prefill, decode = _pool(table, i, ""), None, None
+        measured = {}
+        for column in INFERENCEMAX_MEASURED:
+            if column in table.columns:
+                strict = require_measured and column in ("tput_per_gpu", "median_tpot_s",
+                                                         "median_ttft_s")
+                value = number(table, i, column, positive=strict, optional=not strict)
+                if value is not None and value > 0:
+                    measured[column] = value
+        spec = row.get("spec_decoding", "none").lower()
+        out.append(BenchRow(index=i, line=table.lines[i], model=row["model"],
+                            hardware=row["hardware"], framework=row["framework"].lower(),
+                            precision=row["precision"].lower(), isl=isl, osl=osl, conc=conc,
+                            mtp=spec not in ("", "none", "false", "no"), layout=layout,
+                            prefill=prefill, decode=decode, measured=measured))
+    return out
+
+
+#: aiconfigurator system names -> chip presets.
+SYSTEMS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "gb200": "gb200",
+           "b300_sxm": "b300", "gb300": "gb300"}
+#: GEMM dtype -> (weight bytes, activation bytes, compute class). NVFP4 carries one FP8
+#: scale per 16 values (0.5 + 1/16 bytes per value).
+GEMM_DTYPES = {"bfloat16": (2.0, 2.0, "bf16"), "fp8": (1.0, 1.0, "fp8"),
+               "fp8_block": (1.0, 1.0, "fp8"), "nvfp4": (0.5625, 0.5625, "fp4")}
+#: nccl-tests op names -> `perfmodel.interconnect.COLLECTIVES`.
+NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather",
+            "reduce_scatter": "reduce_scatter", "alltoall": "all_to_all"}
+
+
+def load_gemm(path: str | os.PathLike) -> list[dict]:
+    """GEMM timings: dicts with chip, dtype, m, n, k, seconds."""
+    table = read_table(path, ("system", "dtype", "m", "n", "k", "latency_ms"))
+    out = []
+    for i, row in enumerate(table.rows):
+        if row["system"] not in SYSTEMS:
+            raise DataError(f"{table.where(i, 'system')}: unknown system {row['system']!r}; "
+                            f"known: {', '.join(SYSTEMS)}")
+        if row["dtype"] not in GEMM_DTYPES:
+            raise DataError(f"{table.where(i, 'dtype')}: unknown dtype {row['dtype']!r}")
+        out.append(dict(chip=SYSTEMS[row["system"]], dtype=row["dtype"], line=table.lines[i],
+                        m=number(table, i, "m", positive=True),
+                        n=number(table, i, "n", positive=True),
+                        k=number(table, i, "k", positive=True),
+                        seconds=number(table, i, "latency_ms", positive=True) * 1e-3))
+    return out
+
+
+def load_nccl(path: str | os.PathLike) -> list[dict]:
+    """NCCL collective timings: dicts with chip, op, n, bytes, seconds."""
+    table = read_table(path, ("system", "op_name", "num_gpus", "message_bytes_derived",
+                              "latency_us"))
+    out = []
+    for i, row in enumerate(table.rows):
+        if row["system"] not in SYSTEMS:
+            raise DataError(f"{table.where(i, 'system')}: unknown system {row['system']!r}")
+        if row["op_name"] not in NCCL_OPS:
+            raise DataError(f"{table.where(i, 'op_name')}: unknown collective "
+                            f"{row['op_name']!r}; known: {', '.join(NCCL_OPS)}")
+        n = _as_int(number(table, i, "num_gpus"), table.where(i, "num_gpus"))
+        out.append(dict(chip=SYSTEMS[row["system"]], op=NCCL_OPS[row["op_name"]], n=n,
+                        line=table.lines[i],
+                        bytes=number(table, i, "message_bytes_derived", positive=True),
+                        seconds=number(table, i, "latency_us", positive=True) * 1e-6))
+    return out

@@ -1,0 +1,137 @@
+"""`perfmodel predict`: every row out, predictions or a reason, deterministic, fast."""
+
+import csv
+import importlib.util
+import math
+import pathlib
+import time
+
+import pytest
+
+from perfmodel import calibrate as cal
+from perfmodel.commands import predict as command
+from perfmodel.datasets import DataError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = ROOT / "calibration" / "data" / "benchmarks_inferencemax.csv"
+
+AGG = ("model,hardware,framework,precision,spec_decoding,disagg,isl,osl,conc,tp,ep,"
+       "dp_attention,prefill_tp,prefill_ep,prefill_dp_attention,prefill_num_workers,decode_tp,"
+       "decode_ep,decode_dp_attention,decode_num_workers,num_prefill_gpu,num_decode_gpu,"
+       "tput_per_gpu\n")
+ROWS = [
+    "gpt-oss-120b,b200,vllm,fp4,none,False,1024,1024,64,2,1,False,,,,,,,,,,,8575",
+    "gpt-oss-120b,h100,vllm,fp4,none,False,1024,1024,64,2,1,False,,,,,,,,,,,",
+    "DeepSeek-R1-0528,gb200,dynamo-trt,fp4,mtp,True,8192,1024,64,,,,4,4,False,1,8,8,False,"
+    "3,4,24,",
+    "DeepSeek-R1-0528,jalapeno,trt,fp4,none,False,8192,1024,64,8,8,True,,,,,,,,,,,",
+    "gpt-oss-120b,nonesuch-chip,vllm,fp4,none,False,1024,1024,64,2,1,False,,,,,,,,,,,",
+    "no-such-model,b200,vllm,fp4,none,False,1024,1024,64,2,1,False,,,,,,,,,,,",
+]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    path = tmp_path_factory.mktemp("predict") / "in.csv"
+    path.write_text(AGG + "\n".join(ROWS) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def result(small):
+    return command.predict_file(str(small))
+
+
+def test_every_row_out_with_predictions_or_reason(result):
+    columns, rows = result
+    assert len(rows) == len(ROWS)
+    for key in cal.PREDICTION_KEYS + ("pred_basis", "pred_error"):
+        assert key in columns
+    for row in rows[:4]:
+        for key in cal.PREDICTION_KEYS:
+            value = float(row[key])
+            assert math.isfinite(value) and value > 0, (key, row)
+    for row, word in ((rows[4], "chip"), (rows[5], "model")):
+        assert row["pred_tput_per_gpu"] == ""
+        assert f"unknown {word}" in row["pred_error"]
+
+
+def test_basis_says_how_unmeasured_chips_are_predicted(result):
+    _, rows = result
+    assert rows[0]["pred_basis"].startswith(("fitted:blackwell", "specs"))
+    assert "jalapeno" in rows[3]["pred_basis"]
+    if cal_params():
+        assert "blackwell" in rows[3]["pred_basis"]
+    if "measured_chips" in cal_params():
+        assert "h100 not measured" in rows[1]["pred_basis"]
+
+
+def cal_params():
+    from perfmodel import params
+    return params.load_fitted()
+
+
+def test_input_columns_kept(result, small):
+    _, rows = result
+    with open(small) as handle:
+        original = list(csv.DictReader(handle))
+    for out, inp in zip(rows, original, strict=True):
+        for key, value in inp.items():
+            assert out[key] == value
+
+
+def test_metrics_consistent(result):
+    _, rows = result
+    row = rows[0]
+    tpot = float(row["pred_median_tpot_s"])
+    assert float(row["pred_median_intvty_tok_s_user"]) == pytest.approx(1 / tpot, rel=1e-5)
+    assert float(row["pred_p99_tpot_s"]) >= tpot * (1 - 1e-6)
+    assert float(row["pred_output_tput_per_gpu"]) < float(row["pred_tput_per_gpu"])
+
+
+def test_deterministic(small, result):
+    again = command.predict_file(str(small))
+    assert again == result
+
+
+def test_corrupt_input_names_line_and_column(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text(AGG + ROWS[0].replace(",1024,1024,64,", ",1024,1024,lots,") + "\n")
+    with pytest.raises(DataError, match=r"bad\.csv, line 2, column 'conc'"):
+        command.predict_file(str(path))
+    path.write_text("model,hardware\nx,y\n")
+    with pytest.raises(DataError, match="missing column"):
+        command.predict_file(str(path))
+
+
+def test_cli_writes_csv(small, tmp_path):
+    from perfmodel import cli
+    if "predict" not in cli._COMMANDS:
+        pytest.skip("perfmodel.cli does not list predict yet")
+    out = tmp_path / "out.csv"
+    assert cli.main(["predict", str(small), "--out", str(out)]) == 0
+    with open(out) as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(ROWS) and "pred_tput_per_gpu" in rows[0]
+    assert cli.main(["predict", str(tmp_path / "missing.csv")]) == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("perfmodel.calibration_power") is None,
+                    reason="power calibration module not present")
+def test_power_rows_are_delegated(tmp_path):
+    path = tmp_path / "power.csv"
+    path.write_text("model,hardware,num_gpus,parallelism,framework,precision,max_batch_size,"
+                    "osl\nmeta-llama/Llama-3.1-8B-Instruct,H100,1,TP1,vLLM 0.11.1,bfloat16,"
+                    "64,400\n")
+    columns, rows = command.predict_file(str(path))
+    assert "pred_avg_power_w_per_gpu" in columns
+    assert rows[0]["pred_status"] == "ok"
+
+
+@pytest.mark.slow
+def test_whole_inferencemax_file_under_a_minute():
+    start = time.time()
+    _, rows = command.predict_file(str(DATA))
+    elapsed = time.time() - start
+    assert elapsed < 60.0
+    assert all(r["pred_tput_per_gpu"] != "" for r in rows)
