@@ -123,7 +123,7 @@ _WIDTH_ORDER = ("int4", "mxfp4", "nvfp4", "int8", "fp8", "fp16", "bf16", "fp32")
 
 def precision(chip: Chip, model: Model, weights: str | None = None,
               experts: str | None = None, kv: str | None = None,
-              activations: str = "bf16") -> Precision:
+              activations: str = "bf16", attention: str = "bf16") -> Precision:
     """A concrete `Precision` for a chip and model.
 
     Args:
@@ -134,9 +134,10 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
             keep their released format when that is wider (gpt-oss: attention stays BF16 in
             its MXFP4 release), else take this one.
         experts: override the routed-expert format.
-        kv: KV-cache format; default FP8 where the chip runs FP8 natively and the weights are
-            8-bit or narrower, else BF16.
+        kv: KV-cache format; default BF16 (the engines' "auto").
         activations: format of activations moved between chips.
+        attention: compute class of attention math, "bf16" (default) or "fp8" (FP8
+            attention kernels, where the chip has FP8).
 
     Raises:
         ValueError: unknown format names.
@@ -145,7 +146,7 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         >>> from perfmodel.presets import get_chip, get_model
         >>> p = precision(get_chip("b200"), get_model("gpt-oss-120b"), "fp4")
         >>> p.names
-        ('bf16', 'nvfp4', 'fp8')
+        ('bf16', 'nvfp4', 'bf16')
     """
     flavor = chip.fp4_flavor
     base = resolve_format(weights, flavor) if weights else None
@@ -160,14 +161,13 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
     else:
         weight_fmt = base or resolve_format(model.weight_format, flavor)
         expert_fmt = resolve_format(experts, flavor) if experts else weight_fmt
-    narrow = FORMAT_BYTES[expert_fmt] <= 1.0
-    if kv is None:
-        kv_fmt = "fp8" if ("fp8" in chip.native_classes and narrow) else "bf16"
-    else:
-        kv_fmt = resolve_format(kv, flavor)
+    # KV "auto": vLLM and SGLang store the cache in the model's activation dtype (BF16)
+    # unless told otherwise (--kv-cache-dtype); attention math runs in BF16 with an FP8
+    # cache too (FlashMLA / FlashInfer dequantize KV tiles), unless `attention` says fp8.
+    kv_fmt = resolve_format(kv, flavor) if kv is not None else "bf16"
     act_fmt = resolve_format(activations, flavor)
     native = chip.native_classes
-    attention_cls = "fp8" if (kv_fmt == "fp8" and "fp8" in native) else "bf16"
+    attention_cls = "fp8" if (attention == "fp8" and "fp8" in native) else "bf16"
     return Precision(
         weight_bytes=FORMAT_BYTES[weight_fmt], expert_bytes=FORMAT_BYTES[expert_fmt],
         kv_bytes=FORMAT_BYTES[kv_fmt], activation_bytes=FORMAT_BYTES[act_fmt],

@@ -292,8 +292,8 @@ def test_block_jacobian_matches_central_differences(tmp_path):
 
 
 def test_layout_that_does_not_fit_is_reported(tmp_path):
-    # DeepSeek-R1 in FP8 on 4 GB200s with DP attention: ~176 GB of weights per GPU.
-    row = "deepseek-r1,gb200,sglang,fp8,none,False,8192,1024,64,4,4,True,1,0.02,1.0\n"
+    # DeepSeek-R1 in FP8 on 2 GB200s with DP attention: ~340 GB of weights per GPU.
+    row = "deepseek-r1,gb200,sglang,fp8,none,False,8192,1024,64,2,2,True,1,0.02,1.0\n"
     rows = datasets.load_benchmarks(_write(tmp_path, HEADER + row))
     pred = cal.predict_rows(rows, cal.Params.prior((), ()))[0]
     assert pred["pred_tput_per_gpu"] is not None

@@ -91,7 +91,7 @@ def test_csv_matches_json(capsys):
     for a, b in zip(rows, table, strict=True):
         assert a["layout"] == b["layout"] and a["chips"] == 2
         assert float(b["tput_per_chip"]) == pytest.approx(a["tput_per_chip"], rel=1e-12)
-        assert a["precision"] == "fp8/fp8/fp8"
+        assert a["precision"] == "fp8/fp8/bf16"   # weights/experts/KV
 
 
 @pytest.mark.parametrize("argv, names", [

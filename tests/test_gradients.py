@@ -139,5 +139,7 @@ def test_gradient_signs(name):
         assert abs(d["acceptance"][tpot]) < 1e-12
     # Under a binding power cap, a higher TDP buys speed and is spent as power.
     capped = _elasticities(name, "power_capped")
-    assert abs(d["tdp"][tpot]) < 1e-2
+    # Below the cap the smooth max still passes a gradient of about r^p to the cap term,
+    # where r = (dynamic power) / (TDP - idle): 0.013 at r = 0.83 with p = 24.
+    assert abs(d["tdp"][tpot]) < 5e-2
     assert capped["tdp"][tpot] < -0.1 and capped["tdp"][power] > 0.1

@@ -64,8 +64,9 @@ def test_mla_decode_attention_flops():
     per_chip_batch = batch / 8   # DP attention: each chip runs its own sequences
     want = 2 * per_chip_batch * 128 * context * 61 * (2 * 512 + 64)
     np.testing.assert_allclose(float(op.flops), want, rtol=1e-12)
-    # FP8 latent cache: 576 bytes per token and layer, read once (+ the new token).
-    kv = per_chip_batch * 61 * 576 * (context + 1)
+    # BF16 latent cache (the engines' default): 576 values x 2 bytes per token and layer,
+    # read once (+ the new token).
+    kv = per_chip_batch * 61 * 576 * 2 * (context + 1)
     np.testing.assert_allclose(float(op.kv_bytes), kv, rtol=1e-12)
 
 
