@@ -26,6 +26,7 @@ the fraction of TDP each unit would draw running alone at its peak. Chips never 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -203,10 +204,8 @@ def resolve_model(name: str) -> Model | None:
         ('gpt-oss-120b', None)
     """
     base = re.sub(r"\s*\(.*\)$", "", name.strip())
-    try:
+    with contextlib.suppress(ValueError):   # not a preset: try a shipped HF config
         return get_model(base)
-    except ValueError:
-        pass
     names = _hf_config_names()
     key = base.replace("/", "__").lower()
     if key not in names:

@@ -21,7 +21,7 @@ _COMMANDS = ("pareto", "compare", "predict", "optimize")
 
 
 class _UsageError(Exception):
-    pass
+    """A command-line usage error, printed as one line by `main`."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -15,15 +15,13 @@ import perfmodel as pm
 from perfmodel.formats import COMPUTE_CLASSES
 from perfmodel.presets import chip_info, chip_key, model_info, model_key
 
+#: The project's own copy of the published data (with its source column).
+CALIBRATION_DATA = pathlib.Path(__file__).resolve().parents[1] / "calibration" / "data"
+#: The shared originals, beside the repository (present for developers and CI).
 DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-if not DATA.is_dir():   # the repository may sit elsewhere; shared data is read-only input
-    DATA = pathlib.Path("/work/shared/data")
 
 
-def _rows(name):
-    path = DATA / name
-    if not path.is_file():
-        pytest.skip(f"shared data {path} not available")
+def _rows(path):
     with open(path) as handle:
         return list(csv.DictReader(handle))
 
@@ -80,11 +78,9 @@ INFERENCEMAX_MODELS = [("DeepSeek-R1", "/models/DeepSeek-R1"),
 
 def _inferencemax_pairs():
     hardware, models = set(INFERENCEMAX_HARDWARE), set(INFERENCEMAX_MODELS)
-    path = DATA / "benchmarks_inferencemax.csv"
-    if path.is_file():
-        for row in _rows(path.name):
-            hardware.add((row["hardware"], row["hw_label_as_logged"]))
-            models.add((row["model"], row["model_id_as_logged"]))
+    for row in _rows(CALIBRATION_DATA / "benchmarks_inferencemax.csv"):
+        hardware.add((row["hardware"], row["hw_label_as_logged"]))
+        models.add((row["model"], row["model_id_as_logged"]))
     return sorted(hardware), sorted(models)
 
 
@@ -116,7 +112,7 @@ def test_models_csv_hf_ids_resolve():
         assert model.num_layers == int(row["layers"]) and model.hidden == int(row["hidden"])
     shared = DATA / "models.csv"
     if shared.is_file():   # the shared table and the package's copy list the same hf_ids
-        assert {r["hf_id"] for r in _rows("models.csv")} == {r["hf_id"] for r in rows}
+        assert {r["hf_id"] for r in _rows(shared)} == {r["hf_id"] for r in rows}
 
 
 def test_mlperf_names_resolve():
