@@ -669,16 +669,21 @@ def _op_block(name: str, params: Params, plans: list, targets: np.ndarray) -> Bl
     return Block(name, _cached(evaluate), len(targets))
 
 
-def gemm_block(params: Params, samples: Sequence[dict]) -> tuple[Block, list]:
-    """Residual block of GEMM timings: log of predicted over measured seconds of one
-    kernel (`roofline.operator_time` on one GEMM), for chips whose family is in `params`.
-    One compiled function per chip."""
+def _by_fitted_chip(params: Params, samples: Sequence[dict]) -> dict[str, list]:
+    """Op-level samples grouped by chip, for chips whose family `params` fits."""
     by_chip: dict[str, list] = {}
     for s in samples:
         if get_chip(s["chip"], calibrated=False).family in params.families:
             by_chip.setdefault(s["chip"], []).append(s)
+    return by_chip
+
+
+def gemm_block(params: Params, samples: Sequence[dict]) -> tuple[Block, list]:
+    """Residual block of GEMM timings: log of predicted over measured seconds of one
+    kernel (`roofline.operator_time` on one GEMM), for chips whose family is in `params`.
+    One compiled function per chip."""
     plans, labels, targets = [], [], []
-    for name, members in by_chip.items():
+    for name, members in _by_fitted_chip(params, samples).items():
         chip = get_chip(name, calibrated=False)
         members = sorted(members, key=lambda s: s["dtype"])
         dtypes = sorted({s["dtype"] for s in members})
@@ -699,12 +704,8 @@ def nccl_block(params: Params, samples: Sequence[dict]) -> tuple[Block, list]:
     """Residual block of NCCL timings: log of predicted over measured collective seconds
     (`interconnect.collective_time` over the chip's scale-up tier). One compiled function
     per chip."""
-    by_chip: dict[str, list] = {}
-    for s in samples:
-        if get_chip(s["chip"], calibrated=False).family in params.families:
-            by_chip.setdefault(s["chip"], []).append(s)
     plans, labels, targets = [], [], []
-    for name, members in by_chip.items():
+    for name, members in _by_fitted_chip(params, samples).items():
         chip = get_chip(name, calibrated=False)
         members = sorted(members, key=lambda s: (s["op"], s["n"]))
         keys = sorted({(s["op"], s["n"]) for s in members})

@@ -292,8 +292,11 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         ValueError: unknown names or modes, or baselines not matching models.
 
     Example:
-        >>> rows = compare(["gpt-oss-120b"], modes=("predicted",), grid=(1., 64., 1024.),
-        ...                chips=8)   # doctest: +SKIP
+        >>> rows = compare(["gpt-oss-120b"], modes=("predicted",), grid=(1., 64.), chips=8)
+        >>> [(r["chip"], r["baseline"], r["mode"]) for r in rows]
+        [('jalapeno', 'gb200', 'predicted')]
+        >>> rows[0]["ratio_tok_s_per_kw_at_peak"] > 0
+        True
     """
     models = list(models) if models else [p[0] for p in PAIRS]
     for mode in modes:

@@ -142,7 +142,18 @@ def _published(row, key):
     return float(row[key]) * 1e9 if row.get(key) else None
 
 
-@pytest.mark.parametrize("name", pm.model_names())
+def _has_counts(name):
+    row = model_info(name)
+    return bool(row.get("total_params_B") or row.get("active_params_B"))
+
+
+def test_only_mixtral_8x22b_lacks_published_counts():
+    """The parameter-count check below covers every preset but the one models.csv gives no
+    figures for; a new preset without figures must be named here on purpose."""
+    assert [n for n in pm.model_names() if not _has_counts(n)] == ["mixtral-8x22b"]
+
+
+@pytest.mark.parametrize("name", [n for n in pm.model_names() if _has_counts(n)])
 def test_parameter_counts_match_models_csv(name):
     """Within 3 %: the figures are rounded by their publishers ("1 trillion" for Kimi K2,
     whose config gives 1.026e12 (2.6 %); "30B" for Qwen3-30B-A3B at 30.5e9 (1.8 %); "70B" for
@@ -151,8 +162,6 @@ def test_parameter_counts_match_models_csv(name):
     model = pm.get_model(name)
     row = model_info(name)
     total, active = _published(row, "total_params_B"), _published(row, "active_params_B")
-    if total is None and active is None:
-        pytest.skip(f"models.csv gives no parameter count for {row['model']}")
     embedding = model.vocab * model.hidden
     if total is not None:
         np.testing.assert_allclose(model.total_params, total, rtol=0.03)
