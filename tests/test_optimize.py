@@ -107,6 +107,20 @@ def test_scenarios_match_exhaustive(groups):
     assert 2 <= infeasible <= 4
 
 
+def test_gradient_phase_shortens_the_local_search(groups):
+    """The relaxed optimum rounds to a start nearer the grid's optimum than an uninformed
+    start does: with the Adam phase, hardening needs clearly fewer exact evaluations (the
+    local search alone also reaches the optimum on these grids, only slower)."""
+    model, chip, workload, space = groups["h200-8b"]
+    counts = {}
+    for label, schedule in (("gradient", SMALL), ("none", dict(steps=2, blocks=1))):
+        counts[label] = sum(
+            po.optimize(model, chip, workload, space, po.targets(**limits), objective,
+                        **schedule).evaluations
+            for name, objective, limits in SCENARIOS if name == "h200-8b")
+    assert counts["gradient"] < 0.85 * counts["none"], counts
+
+
 def test_infeasible_reports_closest_tradeoff(groups):
     model, chip, workload, space = groups["h200-8b"]
     tgt = po.targets(max_tpot_ms=0.5)
@@ -127,11 +141,17 @@ def test_report_binding_and_multipliers(groups):
     assert result.multipliers["tpot"]["lambda"] > 0
     # Looser TPOT buys throughput per kW: a positive shadow price.
     assert result.multipliers["tpot"]["per_unit"] > 0
+    # Consistent report: every priced constraint is binding; a grid neighbour that would
+    # score better needs a looser TPOT than the target.
+    for name, entry in result.multipliers.items():
+        if entry["lambda"] > 1e-6 and name != "memory":
+            assert name in result.binding, name
+    assert result.blocking["tpot"]["needs"] > 8.0
     looser = po.optimize(model, chip, workload, space, po.targets(max_tpot_ms=12), **SMALL)
     assert looser.objective_value > result.objective_value
     d = result.as_dict()
     for key in ("design", "metrics", "objective", "objective_value", "feasible", "binding",
-                "multipliers", "relaxed_metrics", "wall_s"):
+                "blocking", "multipliers", "relaxed_metrics", "wall_s"):
         assert key in d
     json.dumps(d)
     # The relaxed design sits at the constraint; the hardened one on the grid below it.

@@ -75,7 +75,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="chip cost for usd_per_mtok")
     parser.add_argument("--usd-per-kwh", type=float, default=None,
                         help="electricity price for usd_per_mtok")
-    parser.add_argument("--steps", type=positive_int, default=240, help="Adam steps")
+    parser.add_argument("--steps", type=positive_int, default=240, help="Adam steps (default 240)")
     parser.add_argument("--check-exhaustive", action="store_true",
                         help="also enumerate the whole grid and report its best design")
     add_format_arg(parser)
@@ -148,6 +148,10 @@ def _table(out: dict) -> str:
                     "tok_s_per_kw_tdp", "j_per_output_token", "running_batch", "max_batch"):
             lines.append(f"{key:<22}{m[key]:>14.6g}{r[key]:>14.6g}")
         lines.append("binding: " + (", ".join(out["binding"]) or "none"))
+        for key, entry in out.get("blocking", {}).items():
+            need = (f"a limit of {entry['needs']:.4g} {entry['unit']}" if "needs" in entry
+                    else f"{entry['excess']:.3g} more memory")
+            lines.append(f"  blocked by {key}: a better grid neighbour needs {need}")
     else:
         c = out["closest"]
         lines.append("INFEASIBLE: no design in the grid meets every target")
