@@ -1,8 +1,13 @@
 """Test configuration: float64 and strict promotion (as STYLE.md asks), warnings are errors
 (pyproject), and a fixed hypothesis profile that fits CI's 2 cores."""
 
+import os
+
 import jax
 
+# The command line's persistent compilation cache stays off in tests (hermetic runs);
+# tests/test_cli.py turns it on where it tests it.
+os.environ.setdefault("PERFMODEL_CACHE_DIR", "off")
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: Modules of `perfmodel.commands` that provide subcommands, in help order.
@@ -49,6 +50,21 @@ def _fail(message: str) -> int:
     return 2
 
 
+def compilation_cache_dir() -> str | None:
+    """Where the command line keeps compiled kernels between runs (JAX's persistent
+    compilation cache): `$PERFMODEL_CACHE_DIR`, default `~/.cache/perfmodel/xla`; None when
+    the variable is "off" or the folder cannot be created."""
+    path = os.environ.get("PERFMODEL_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "perfmodel", "xla")
+    if path.strip().lower() == "off":
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line.
 
@@ -61,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    # A second `perfmodel optimize` loads its kernels instead of compiling them (minutes).
+    cache = compilation_cache_dir()
+    if cache is not None and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", cache)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ one-line errors."""
 import csv
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.cli import _COMMANDS, build_parser, main
+from perfmodel.cli import _COMMANDS, build_parser, compilation_cache_dir, main
 from perfmodel.serving import METRIC_KEYS
 
 MODELS = ("gpt-oss-120b", "deepseek-r1", "kimi-k2.5")
@@ -126,6 +127,31 @@ def test_console_process_prints_no_traceback():
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("perfmodel: error: unknown chip")
+
+
+def test_compilation_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("PERFMODEL_CACHE_DIR", "off")
+    assert compilation_cache_dir() is None
+    folder = tmp_path / "a" / "b"
+    monkeypatch.setenv("PERFMODEL_CACHE_DIR", str(folder))
+    assert compilation_cache_dir() == str(folder) and folder.is_dir()
+    monkeypatch.delenv("PERFMODEL_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert compilation_cache_dir() == str(tmp_path / ".cache" / "perfmodel" / "xla")
+
+
+@pytest.mark.slow
+def test_second_optimize_run_loads_compiled_kernels(tmp_path):
+    """A fresh process writes the optimizer's kernels to the cache; the next one reads them
+    (same answer, fewer seconds)."""
+    argv = [sys.executable, "-m", "perfmodel.cli", "optimize", "--model", "llama-3.1-8b",
+            "--chip", "h200", "--chips", "1", "--max-tpot-ms", "8", "--format", "json"]
+    env = dict(os.environ, PERFMODEL_CACHE_DIR=str(tmp_path))
+    runs = [json.loads(subprocess.run(argv, capture_output=True, text=True, env=env,
+                                      timeout=600, check=True).stdout) for _ in range(2)]
+    assert any(tmp_path.iterdir())
+    assert runs[0]["design"] == runs[1]["design"]
+    assert runs[1]["wall_s"] < runs[0]["wall_s"]
 
 
 def test_help_lists_every_registered_command(capsys):
