@@ -177,9 +177,16 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         names=(weight_fmt, expert_fmt, kv_fmt))
 
 
+#: Classes of state a `SliceMapping` places: three weight classes and the KV cache.
+STATE_CLASSES = ("attention", "dense", "experts", "kv")
+#: Which weight class each operator of `perfmodel.roofline.operators` reads.
+WEIGHT_CLASS_OF = {"qkv_proj": "attention", "out_proj": "attention", "experts": "experts"}
+
+
 class SliceMapping(eqx.Module):
-    """Where weights and KV cache live across a chip's slices: probabilities over
-    `PLACEMENTS` (one-hot for a real design).
+    """Where each class of state lives across a chip's slices: probabilities over
+    `PLACEMENTS` (one-hot for a real design) for attention weights, dense weights (dense and
+    shared-expert FFN, router, LM head, draft module), routed-expert weights and the KV cache.
 
     - interleaved: addresses striped over all slices (what GPUs do); a fraction (S-1)/S of
       reads cross the slice fabric.
@@ -187,26 +194,60 @@ class SliceMapping(eqx.Module):
       cross-slice reduction of partial sums; the KV of a request lives on one slice, so with
       fewer running sequences than slices some slices idle.
     - replicated: every slice holds a copy: local reads at S times the capacity.
+
+    `SliceMapping(weights=...)` places all three weight classes alike.
     """
 
-    weights: jnp.ndarray = eqx.field(converter=_array, default=(1.0, 0.0, 0.0))
-    kv: jnp.ndarray = eqx.field(converter=_array, default=(1.0, 0.0, 0.0))
+    attention: jnp.ndarray
+    dense: jnp.ndarray
+    experts: jnp.ndarray
+    kv: jnp.ndarray
+
+    def __init__(self, attention=None, dense=None, experts=None, kv=None, *, weights=None):
+        default = (1.0, 0.0, 0.0)
+        if weights is not None:
+            weights = _array(weights)
+            if weights.shape[-1:] != (len(PLACEMENTS),):
+                raise ValueError(f"SliceMapping.weights needs {len(PLACEMENTS)} entries, one "
+                                 f"per placement {PLACEMENTS}")
+        base = default if weights is None else weights
+        self.attention = _array(base if attention is None else attention)
+        self.dense = _array(base if dense is None else dense)
+        self.experts = _array(base if experts is None else experts)
+        self.kv = _array(default if kv is None else kv)
 
     def __check_init__(self):
-        for key in ("weights", "kv"):
+        for key in STATE_CLASSES:
             if getattr(self, key).shape[-1:] != (len(PLACEMENTS),):
                 raise ValueError(f"SliceMapping.{key} needs {len(PLACEMENTS)} entries, one per "
                                  f"placement {PLACEMENTS}")
 
+    def weight_class(self, name: str) -> jnp.ndarray:
+        """Placement of the weights read by operator `name`."""
+        return getattr(self, WEIGHT_CLASS_OF.get(name, "dense"))
 
-def mapping(weights: str = "interleaved", kv: str = "interleaved") -> SliceMapping:
-    """A concrete `SliceMapping` from placement names."""
-    for key, value in (("weights", weights), ("kv", kv)):
-        if value not in PLACEMENTS:
+
+def mapping(weights: str = "interleaved", kv: str = "interleaved", *, attention=None,
+            dense=None, experts=None) -> SliceMapping:
+    """A concrete `SliceMapping` from placement names; `weights` places the three weight
+    classes unless `attention`, `dense` or `experts` say otherwise.
+
+    Example:
+        >>> m = mapping("partitioned", "partitioned", dense="replicated")
+        >>> m.attention.tolist(), m.dense.tolist()
+        ([0.0, 1.0, 0.0], [0.0, 0.0, 1.0])
+    """
+    names = {"weights": weights, "kv": kv, "attention": attention, "dense": dense,
+             "experts": experts}
+    for key, value in names.items():
+        if value is not None and value not in PLACEMENTS:
             raise ValueError(f"mapping {key}={value!r}; valid placements: {PLACEMENTS}")
+
     def hot(name):
         return [1.0 if p == name else 0.0 for p in PLACEMENTS]
-    return SliceMapping(weights=hot(weights), kv=hot(kv))
+
+    return SliceMapping(attention=hot(attention or weights), dense=hot(dense or weights),
+                        experts=hot(experts or weights), kv=hot(kv))
 
 
 class SpecDecode(eqx.Module):

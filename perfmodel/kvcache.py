@@ -73,7 +73,7 @@ def kv_fraction_per_chip(model: Model, layout: Layout) -> float:
 
 def weight_bytes_per_chip(model: Model, layout: Layout, precision: Precision,
                           mapping: SliceMapping | None = None, num_slices=1.0):
-    """Weight bytes resident on one chip (replicated slices multiply it).
+    """Weight bytes resident on one chip (a replicated class is held by every slice).
 
     Non-expert weights are split over tp (attention replicated under DP attention), routed
     experts over all tp chips (ep experts x tp/ep shards), layers over pp.
@@ -81,12 +81,13 @@ def weight_bytes_per_chip(model: Model, layout: Layout, precision: Precision,
     attention = model.num_layers * model.attention_params_per_layer
     other = model.non_expert_params - attention
     attn_share = 1.0 if layout.dp_attention else 1.0 / layout.tp
-    non_expert = (attention * attn_share + other / layout.tp) * precision.weight_bytes
-    experts = model.expert_params_total / layout.tp * precision.expert_bytes
-    total = (non_expert + experts) / layout.pp
+    parts = {"attention": attention * attn_share * precision.weight_bytes,
+             "dense": other / layout.tp * precision.weight_bytes,
+             "experts": model.expert_params_total / layout.tp * precision.expert_bytes}
     if mapping is not None:
-        total = total * (1.0 + (jnp.asarray(num_slices) - 1.0) * mapping.weights[..., 2])
-    return total
+        extra = jnp.asarray(num_slices) - 1.0
+        parts = {k: v * (1.0 + extra * getattr(mapping, k)[..., 2]) for k, v in parts.items()}
+    return (parts["attention"] + parts["dense"] + parts["experts"]) / layout.pp
 
 
 def kv_capacity_per_chip(chip_capacity, weight_bytes, memory_fraction, activation_reserve):

@@ -49,7 +49,15 @@ import numpy as np
 import optax
 
 from .architecture import Model
-from .design import PLACEMENTS, Design, Disaggregated, Precision, Runtime, SliceMapping
+from .design import (
+    PLACEMENTS,
+    STATE_CLASSES,
+    Design,
+    Disaggregated,
+    Precision,
+    Runtime,
+    SliceMapping,
+)
 from .formats import COMPUTE_CLASSES, FORMAT_BYTES, compute_class, resolve_format
 from .hardware import Chip
 from .serving import Metrics, predict
@@ -91,6 +99,9 @@ DEFAULT_QUALITY = {
 SOFTWARE_MAPPED_FAMILIES = ("jalapeno",)
 
 _FEASIBLE_TOL = 1e-9
+#: Grid coordinates (`Space.shape`): concurrency, 3 formats, 4 placements, power cap.
+_NDIM = 9
+_CAP = 8
 _CHUNK = 4096   # designs per exhaustive kernel call: 2.5x faster than 1024 on CPU
 
 
@@ -182,8 +193,9 @@ def targets(*, max_tpot_ms=None, min_interactivity=None, max_ttft_ms=None, max_e
 class Space(eqx.Module):
     """The discrete design grid (static). Build with `design_space`.
 
-    Coordinates, in this order: concurrency, weights format, experts format, KV format,
-    weight placement, KV placement, power cap; plus the layout (one branch each).
+    Coordinates, in this order: concurrency, weights format, experts format, KV format, the
+    slice placements of attention weights, dense weights, expert weights and the KV cache,
+    power cap; plus the layout (one branch each).
     """
 
     layouts: tuple = eqx.field(static=True)
@@ -192,7 +204,9 @@ class Space(eqx.Module):
     weights: tuple[str, ...] = eqx.field(static=True)
     experts: tuple[str, ...] = eqx.field(static=True)
     kv: tuple[str, ...] = eqx.field(static=True)
-    weight_placements: tuple[str, ...] = eqx.field(static=True)
+    attention_placements: tuple[str, ...] = eqx.field(static=True)
+    dense_placements: tuple[str, ...] = eqx.field(static=True)
+    expert_placements: tuple[str, ...] = eqx.field(static=True)
     kv_placements: tuple[str, ...] = eqx.field(static=True)
     power_caps: tuple[float, ...] = eqx.field(static=True)
     """Power caps as fractions of TDP, increasing; (1.0,) = run at TDP."""
@@ -202,7 +216,14 @@ class Space(eqx.Module):
     @property
     def shape(self) -> tuple[int, ...]:
         return (len(self.concurrency), len(self.weights), len(self.experts), len(self.kv),
-                len(self.weight_placements), len(self.kv_placements), len(self.power_caps))
+                len(self.attention_placements), len(self.dense_placements),
+                len(self.expert_placements), len(self.kv_placements), len(self.power_caps))
+
+    @property
+    def placements(self) -> dict[str, tuple[str, ...]]:
+        """Allowed placements per state class (`design.STATE_CLASSES`)."""
+        return {"attention": self.attention_placements, "dense": self.dense_placements,
+                "experts": self.expert_placements, "kv": self.kv_placements}
 
     @property
     def size(self) -> int:
@@ -264,9 +285,11 @@ def design_space(model: Model, chip: Chip, chips: int, *, workload: Workload | N
             "kv": ("fp8",)}``; ``"experts"`` defaults to the ``"weights"`` choice. Defaults:
             the chip's native BF16/FP8/FP4 (KV: BF16/FP8). Dense models have no experts
             class (one placeholder option).
-        placements: allowed slice placements ``{"weights": (...), "kv": (...)}`` of
-            `design.PLACEMENTS`. Default: all three on chips of `SOFTWARE_MAPPED_FAMILIES`
-            with more than one slice; elsewhere what the hardware does ("interleaved").
+        placements: allowed slice placements per state class (``"attention"``,
+            ``"dense"``, ``"experts"``, ``"kv"``; ``"weights"`` sets the three weight
+            classes) among `design.PLACEMENTS`. Default: all three on chips of
+            `SOFTWARE_MAPPED_FAMILIES` with more than one slice; elsewhere what the hardware
+            does ("interleaved"). Dense models have no experts class (one option).
         power_caps: power caps as fractions of TDP in (0, 1].
         quality: per-class quality costs overriding `DEFAULT_QUALITY`, e.g.
             ``{"experts": {"mxfp4": 0.02}}``.
@@ -279,7 +302,7 @@ def design_space(model: Model, chip: Chip, chips: int, *, workload: Workload | N
     Example:
         >>> from perfmodel.presets import get_chip, get_model
         >>> s = design_space(get_model("llama-3.1-8b"), get_chip("h200"), 1)
-        >>> s.weights, s.weight_placements
+        >>> s.weights, s.placements["attention"]
         (('bf16', 'fp8'), ('interleaved',))
     """
     formats = dict(formats or {})
@@ -318,9 +341,14 @@ def design_space(model: Model, chip: Chip, chips: int, *, workload: Workload | N
     software = chip.family in SOFTWARE_MAPPED_FAMILIES and float(chip.num_slices) > 1
     default_place = PLACEMENTS if software else ("interleaved",)
     placements = dict(placements or {})
+    unknown = set(placements) - {"weights", *STATE_CLASSES}
+    if unknown:
+        raise ValueError(f"design_space: unknown placement classes {sorted(unknown)}; valid: "
+                         f"weights, {', '.join(STATE_CLASSES)}")
     place = {}
-    for cls in ("weights", "kv"):
-        names = placements.get(cls) or default_place
+    for cls in STATE_CLASSES:
+        names = placements.get(cls) or (placements.get("weights") if cls != "kv" else None) \
+            or default_place
         if isinstance(names, str):
             names = names.split(",")
         for name in names:
@@ -328,6 +356,8 @@ def design_space(model: Model, chip: Chip, chips: int, *, workload: Workload | N
                 raise ValueError(f"design_space: placement {name!r} for {cls}; valid: "
                                  f"{PLACEMENTS}")
         place[cls] = tuple(dict.fromkeys(names))
+    if not model.is_moe:
+        place["experts"] = place["experts"][:1]
     caps = tuple(sorted({float(c) for c in power_caps}))
     if not caps or caps[0] <= 0 or caps[-1] > 1:
         raise ValueError("design_space: power_caps are fractions of TDP in (0, 1]")
@@ -342,7 +372,8 @@ def design_space(model: Model, chip: Chip, chips: int, *, workload: Workload | N
         quality_table = (quality_table[0], (0.0,), quality_table[2])
     return Space(layouts=layouts, concurrency=tuple(grid), weights=options["weights"],
                  experts=options["experts"], kv=options["kv"],
-                 weight_placements=place["weights"], kv_placements=place["kv"],
+                 attention_placements=place["attention"], dense_placements=place["dense"],
+                 expert_placements=place["experts"], kv_placements=place["kv"],
                  power_caps=caps, quality=quality_table)
 
 
@@ -361,7 +392,9 @@ class _Tables(eqx.Module):
     quality_weights: jnp.ndarray
     quality_experts: jnp.ndarray
     quality_kv: jnp.ndarray
-    weight_placement: jnp.ndarray
+    attention_placement: jnp.ndarray
+    dense_placement: jnp.ndarray
+    expert_placement: jnp.ndarray
     kv_placement: jnp.ndarray
     caps: jnp.ndarray
 
@@ -399,7 +432,9 @@ def _tables(space: Space, chip: Chip) -> _Tables:
         quality_weights=arr(space.quality[0]),
         quality_experts=arr(space.quality[1]),
         quality_kv=arr(space.quality[2]),
-        weight_placement=arr(placement(space.weight_placements)),
+        attention_placement=arr(placement(space.attention_placements)),
+        dense_placement=arr(placement(space.dense_placements)),
+        expert_placement=arr(placement(space.expert_placements)),
         kv_placement=arr(placement(space.kv_placements)),
         caps=arr(space.power_caps) * chip.tdp)
 
@@ -415,7 +450,9 @@ class Choice(eqx.Module):
     weights: jnp.ndarray
     experts: jnp.ndarray
     kv: jnp.ndarray
-    weight_placement: jnp.ndarray
+    attention_placement: jnp.ndarray
+    dense_placement: jnp.ndarray
+    expert_placement: jnp.ndarray
     kv_placement: jnp.ndarray
 
 
@@ -432,7 +469,9 @@ def _materialize(chip: Chip, layout, tables: _Tables, choice: Choice):
         weight_compute=choice.weights @ tables.weight_compute,
         expert_compute=choice.experts @ tables.expert_compute,
         attention_compute=choice.kv @ tables.attention_compute)
-    mapping = SliceMapping(weights=choice.weight_placement @ tables.weight_placement,
+    mapping = SliceMapping(attention=choice.attention_placement @ tables.attention_placement,
+                           dense=choice.dense_placement @ tables.dense_placement,
+                           experts=choice.expert_placement @ tables.expert_placement,
                            kv=choice.kv_placement @ tables.kv_placement)
     design = Design(concurrency=choice.concurrency, layout=layout, precision=prec,
                     mapping=mapping, runtime=_runtime(chip))
@@ -494,7 +533,9 @@ class Relaxed(eqx.Module):
     weights: jnp.ndarray
     experts: jnp.ndarray
     kv: jnp.ndarray
-    weight_placement: jnp.ndarray
+    attention_placement: jnp.ndarray
+    dense_placement: jnp.ndarray
+    expert_placement: jnp.ndarray
     kv_placement: jnp.ndarray
 
     def choice(self, tables: _Tables, temperature) -> Choice:
@@ -508,7 +549,9 @@ class Relaxed(eqx.Module):
 
         return Choice(concurrency=c, power_cap=cap, weights=soft(self.weights),
                       experts=soft(self.experts), kv=soft(self.kv),
-                      weight_placement=soft(self.weight_placement),
+                      attention_placement=soft(self.attention_placement),
+                      dense_placement=soft(self.dense_placement),
+                      expert_placement=soft(self.expert_placement),
                       kv_placement=soft(self.kv_placement))
 
 
@@ -521,7 +564,9 @@ def _initial(space: Space, start: float) -> Relaxed:
     return Relaxed(concurrency_logit=np.asarray(logit, dtype=float),
                    cap_logit=np.asarray(2.0, dtype=float), weights=zeros(len(space.weights)),
                    experts=zeros(len(space.experts)), kv=zeros(len(space.kv)),
-                   weight_placement=zeros(len(space.weight_placements)),
+                   attention_placement=zeros(len(space.attention_placements)),
+                   dense_placement=zeros(len(space.dense_placements)),
+                   expert_placement=zeros(len(space.expert_placements)),
                    kv_placement=zeros(len(space.kv_placements)))
 
 
@@ -649,14 +694,17 @@ def _round_index(tables: _Tables, params: Relaxed):
     cap = caps[0] + (caps[-1] - caps[0]) * jax.nn.sigmoid(params.cap_logit)
     return jnp.stack([jnp.argmin(jnp.abs(log_c - c)), jnp.argmax(params.weights),
                       jnp.argmax(params.experts), jnp.argmax(params.kv),
-                      jnp.argmax(params.weight_placement), jnp.argmax(params.kv_placement),
+                      jnp.argmax(params.attention_placement),
+                      jnp.argmax(params.dense_placement), jnp.argmax(params.expert_placement),
+                      jnp.argmax(params.kv_placement),
                       jnp.argmin(jnp.abs(caps - cap))]).astype(jnp.int32)
 
 
 def _grid_shape(tables: _Tables) -> tuple[int, ...]:
     return (tables.log_concurrency.shape[0], tables.weight_bytes.shape[0],
             tables.expert_bytes.shape[0], tables.kv_bytes.shape[0],
-            tables.weight_placement.shape[0], tables.kv_placement.shape[0],
+            tables.attention_placement.shape[0], tables.dense_placement.shape[0],
+            tables.expert_placement.shape[0], tables.kv_placement.shape[0],
             tables.caps.shape[0])
 
 
@@ -673,7 +721,8 @@ def _moves(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows = []
 
     def row(axis=None, value=0, step=0, concurrency=0):
-        mask, values, delta = np.zeros(7, bool), np.zeros(7, np.int32), np.zeros(7, np.int32)
+        mask, values = np.zeros(_NDIM, bool), np.zeros(_NDIM, np.int32)
+        delta = np.zeros(_NDIM, np.int32)
         if axis is not None and step == 0:
             mask[axis], values[axis] = True, value
         elif axis is not None:
@@ -683,14 +732,14 @@ def _moves(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     for d in _CONCURRENCY_MOVES:
         row(concurrency=d)
-    for axis in range(1, 6):
+    for axis in range(1, _CAP):
         for k in range(shape[axis] if shape[axis] > 1 else 0):
             for d in _COMBINED_MOVES:
                 row(axis, value=k, concurrency=d)
-    if shape[6] > 1:
+    if shape[_CAP] > 1:
         for step in (-1, 1):
             for d in _COMBINED_MOVES:
-                row(6, step=step, concurrency=d)
+                row(_CAP, step=step, concurrency=d)
     mask, values, delta = (np.stack(x) for x in zip(*rows, strict=True))
     return mask, values, delta
 
@@ -807,12 +856,14 @@ def _index_choice(tables: _Tables, index) -> Choice:
         return jax.nn.one_hot(i, n, dtype=float)
 
     return Choice(concurrency=jnp.exp(tables.log_concurrency[index[0]]),
-                  power_cap=tables.caps[index[6]],
+                  power_cap=tables.caps[index[_CAP]],
                   weights=hot(index[1], tables.weight_bytes.shape[0]),
                   experts=hot(index[2], tables.expert_bytes.shape[0]),
                   kv=hot(index[3], tables.kv_bytes.shape[0]),
-                  weight_placement=hot(index[4], tables.weight_placement.shape[0]),
-                  kv_placement=hot(index[5], tables.kv_placement.shape[0]))
+                  attention_placement=hot(index[4], tables.attention_placement.shape[0]),
+                  dense_placement=hot(index[5], tables.dense_placement.shape[0]),
+                  expert_placement=hot(index[6], tables.expert_placement.shape[0]),
+                  kv_placement=hot(index[7], tables.kv_placement.shape[0]))
 
 
 # ----------------------------------------------------------------------------------------
@@ -840,7 +891,7 @@ class _Evaluator:
 
     def __call__(self, layout, indices: np.ndarray):
         """(score, g, value) of each index row; thread-safe."""
-        indices = np.asarray(indices, dtype=np.int32).reshape(-1, 7)
+        indices = np.asarray(indices, dtype=np.int32).reshape(-1, _NDIM)
         n, chunk = indices.shape[0], self.chunk
         pad = -n % chunk
         if pad:
@@ -862,9 +913,9 @@ def _describe(space: Space, chip: Chip, layout, index) -> dict:
             "concurrency": int(space.concurrency[index[0]]),
             "formats": {"weights": space.weights[index[1]],
                         "experts": space.experts[index[2]], "kv": space.kv[index[3]]},
-            "placements": {"weights": space.weight_placements[index[4]],
-                           "kv": space.kv_placements[index[5]]},
-            "power_cap_w": float(space.power_caps[index[6]] * float(chip.tdp))}
+            "placements": {cls: space.placements[cls][index[4 + i]]
+                           for i, cls in enumerate(STATE_CLASSES)},
+            "power_cap_w": float(space.power_caps[index[_CAP]] * float(chip.tdp))}
 
 
 def _design(space: Space, chip: Chip, layout, index, tables: _Tables | None = None):

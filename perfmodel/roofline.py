@@ -269,7 +269,7 @@ def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip
     # Slice mapping: interleaved reads cross the fabric; partitioned KV idles slices when
     # fewer sequences than slices run; partitioned weights reduce partial sums across slices.
     slices = chip.num_slices
-    wmap, kmap = design.mapping.weights, design.mapping.kv
+    wmap, kmap = design.mapping.weight_class(op.name), design.mapping.kv
     busy = smooth_min(jnp.maximum(decode_seqs_per_chip, 1e-3), slices,
                       sharpness=sharpness, hard=hard) / slices
     kv_slowdown = kmap[..., 0] + kmap[..., 2] + kmap[..., 1] / busy

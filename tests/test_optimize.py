@@ -223,6 +223,8 @@ def test_validation_errors():
         po.design_space(model, chip, 1, formats={"activations": ("fp8",)})
     with pytest.raises(ValueError, match="placement"):
         po.design_space(model, chip, 1, placements={"kv": ("striped",)})
+    with pytest.raises(ValueError, match="unknown placement classes"):
+        po.design_space(model, chip, 1, placements={"activations": ("interleaved",)})
     with pytest.raises(ValueError, match="power_caps"):
         po.design_space(model, chip, 1, power_caps=(1.2,))
     with pytest.raises(ValueError, match="uses 2 chips"):
@@ -237,10 +239,18 @@ def test_validation_errors():
 def test_default_space_on_gpu_and_jalapeno():
     model = pm.get_model("deepseek-r1")
     gpu = po.design_space(model, pm.get_chip("gb300"), 8)
-    assert gpu.weight_placements == ("interleaved",) and gpu.kv_placements == ("interleaved",)
+    assert set(gpu.placements.values()) == {("interleaved",)}
     assert "nvfp4" in gpu.experts
     jal = po.design_space(model, pm.get_chip("jalapeno"), 8)
-    assert jal.weight_placements == pm.design.PLACEMENTS
+    # Each state class (attention, dense and expert weights, KV) has its own placement.
+    assert set(jal.placements) == {"attention", "dense", "experts", "kv"}
+    assert all(v == pm.design.PLACEMENTS for v in jal.placements.values())
+    one = po.design_space(model, pm.get_chip("jalapeno"), 8,
+                          placements={"weights": ("partitioned",), "dense": ("replicated",)})
+    assert one.placements == {"attention": ("partitioned",), "dense": ("replicated",),
+                              "experts": ("partitioned",), "kv": pm.design.PLACEMENTS}
+    dense_model = po.design_space(pm.get_model("llama-3.1-70b"), pm.get_chip("jalapeno"), 8)
+    assert len(dense_model.placements["experts"]) == 1     # no expert weights to place
     assert all(layout.chips == 8 for layout in jal.layouts)
 
 

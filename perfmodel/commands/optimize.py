@@ -65,8 +65,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="allowed formats per tensor class (weights, experts, kv), e.g. "
                              "weights=fp4,fp8 kv=fp8")
     parser.add_argument("--placements", nargs="+", metavar="CLASS=P1,P2", default=None,
-                        help="allowed slice placements (weights, kv) among interleaved, "
-                             "partitioned, replicated")
+                        help="allowed slice placements per state class (attention, dense, "
+                             "experts, kv; weights = the three weight classes) among "
+                             "interleaved, partitioned, replicated")
     parser.add_argument("--power-caps", type=_fractions, default=(1.0,),
                         help="power caps to consider, fractions of TDP (default 1.0)")
     parser.add_argument("--disaggregated", action="store_true",
@@ -96,7 +97,8 @@ def _result(args):
     formats = _classes(args.formats, "formats", ("weights", "experts", "kv"))
     if args.precision and "weights" not in formats:
         formats["weights"] = (args.precision,)
-    placements = _classes(args.placements, "placements", ("weights", "kv"))
+    placements = _classes(args.placements, "placements",
+                          ("weights", "attention", "dense", "experts", "kv"))
     workload = Workload(args.isl, args.osl)
     space = design_space(model, chip, args.chips, workload=workload, formats=formats,
                          placements=placements, power_caps=args.power_caps,
@@ -131,8 +133,9 @@ def _describe(design: dict) -> str:
     f, p = design["formats"], design["placements"]
     return (f"{design['layout']} on {design['chips']} chips, concurrency "
             f"{design['concurrency']}, formats weights/experts/kv {f['weights']}/"
-            f"{f['experts']}/{f['kv']}, placement weights/kv {p['weights']}/{p['kv']}, power "
-            f"cap {design['power_cap_w']:.0f} W")
+            f"{f['experts']}/{f['kv']}, placement attention/dense/experts/kv "
+            f"{p['attention']}/{p['dense']}/{p['experts']}/{p['kv']}, power cap "
+            f"{design['power_cap_w']:.0f} W")
 
 
 def _table(out: dict) -> str:
