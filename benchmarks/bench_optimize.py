@@ -33,7 +33,7 @@ def _space(model, chip, workload, layouts, conc_steps, caps):
 
 
 def grid(model, chip, workload, layouts, min_points):
-    steps, caps = 4, 3
+    steps, caps = 1, 2
     space = _space(model, chip, workload, layouts, steps, caps)
     while space.size < min_points:
         steps, caps = steps * 2, caps * 2 - 1
