@@ -817,7 +817,7 @@ def _solve_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, shar
         layout=layout, objective=objective, learning_rate=learning_rate)
     hardened = _harden(p, chip, workload, tables, tgt, moves, max_iterations, model=model,
                        layout=layout, objective=objective)
-    return p, lam_out, trace, final, hardened
+    return lam_out, trace, final, hardened
 
 
 @functools.cache
@@ -878,21 +878,20 @@ def _ranks(score, g):
 
 
 class _Evaluator:
-    """Hard evaluation of grid indices in fixed-size chunks (one compile per layout): every
+    """Hard evaluation of grid indices in chunks of `_CHUNK` (one compile per layout): every
     chunk is dispatched before any result is read."""
 
-    def __init__(self, model, chip, workload, space, tgt, objective, chunk: int = _CHUNK):
+    def __init__(self, model, chip, workload, space, tgt, objective):
         self.model, self.chip, self.workload = model, chip, workload
         self.space, self.tgt, self.objective = space, tgt, objective
         self.tables = _tables(space, chip)
-        self.chunk = chunk
         self.count = 0
         self._lock = threading.Lock()
 
     def __call__(self, layout, indices: np.ndarray):
         """(score, g, value) of each index row; thread-safe."""
         indices = np.asarray(indices, dtype=np.int32).reshape(-1, _NDIM)
-        n, chunk = indices.shape[0], self.chunk
+        n, chunk = indices.shape[0], _CHUNK
         pad = -n % chunk
         if pad:
             indices = np.concatenate([indices, np.repeat(indices[-1:], pad, axis=0)])
@@ -1137,10 +1136,10 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         lambda layout: _solve(*inputs, model=model, layout=layout, objective=objective,
                               learning_rate=float(learning_rate)), space.layouts)
     branches = []
-    for layout, (p, lam_out, trace, final, hardened) in zip(
+    for layout, (lam_out, trace, final, hardened) in zip(
             space.layouts, jax.device_get(pending), strict=True):
-        branches.append(dict(layout=layout, params=p, lam=lam_out, final=final,
-                             trace=trace, hardened=hardened))
+        branches.append(dict(layout=layout, lam=lam_out, final=final, trace=trace,
+                             hardened=hardened))
     evaluations = int(sum(b["hardened"]["evaluations"] for b in branches))
     bi = int(np.argmax([b["hardened"]["rank"] for b in branches]))
     branch = branches[bi]
