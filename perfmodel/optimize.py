@@ -700,24 +700,17 @@ def _round_index(tables: _Tables, params: Relaxed):
                       jnp.argmin(jnp.abs(caps - cap))]).astype(jnp.int32)
 
 
-def _grid_shape(tables: _Tables) -> tuple[int, ...]:
-    return (tables.log_concurrency.shape[0], tables.weight_bytes.shape[0],
-            tables.expert_bytes.shape[0], tables.kv_bytes.shape[0],
-            tables.attention_placement.shape[0], tables.dense_placement.shape[0],
-            tables.expert_placement.shape[0], tables.kv_placement.shape[0],
-            tables.caps.shape[0])
-
-
 _CONCURRENCY_MOVES = (-8, -4, -2, -1, 1, 2, 4, 8)
 _COMBINED_MOVES = (0, -4, -2, -1, 1, 2, 4)
 
 
 @functools.cache
-def _moves(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The local search's neighbourhood as rows (mask, value, delta): the neighbour of grid
-    index i is clip(where(mask, value, i) + delta). Concurrency moves alone; every option of
-    each format and placement coordinate, and the power cap one step either way, each
-    combined with small concurrency moves. A fixed size, so one kernel evaluates it."""
+def _moves(shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """The local search's neighbourhood as rows (mask, value, delta) and the grid's largest
+    index `upper`: the neighbour of grid index i is clip(where(mask, value, i) + delta, 0,
+    upper). Concurrency moves alone; every option of each format and placement coordinate,
+    and the power cap one step either way, each combined with small concurrency moves. A
+    fixed size, so one kernel evaluates it."""
     rows = []
 
     def row(axis=None, value=0, step=0, concurrency=0):
@@ -741,12 +734,12 @@ def _moves(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             for d in _COMBINED_MOVES:
                 row(_CAP, step=step, concurrency=d)
     mask, values, delta = (np.stack(x) for x in zip(*rows, strict=True))
-    return mask, values, delta
+    return mask, values, delta, np.asarray(shape, dtype=np.int32) - 1
 
 
 def _rank(score, g):
     """Larger is better: feasible designs by score, infeasible ones below them by their
-    total violation (traceable twin of `_ranks`)."""
+    total violation. Traceable; `exhaustive` applies it to numpy results."""
     feasible = jnp.all(g <= _FEASIBLE_TOL, axis=-1)
     return jnp.where(feasible, score, -1e6 - jnp.sum(jnp.maximum(g, 0.0), axis=-1))
 
@@ -756,8 +749,7 @@ def _harden(params, chip, workload, tables, tgt, moves, max_iterations, *, model
     """Round every start, then steepest ascent over the fixed neighbourhood `moves` from
     the best rounded start with the exact (`hard`) model: repairs a violated constraint
     first, then improves the objective; stops when no neighbour ranks higher."""
-    upper = jnp.asarray(_grid_shape(tables), dtype=jnp.int32) - 1
-    mask, values, delta = moves
+    mask, values, delta, upper = moves
 
     def hard(indices):
         def one(index):
@@ -870,21 +862,14 @@ def _index_choice(tables: _Tables, index) -> Choice:
 # Hard evaluation and exhaustive enumeration
 # ----------------------------------------------------------------------------------------
 
-def _ranks(score, g):
-    """Larger is better: feasible points by score, infeasible ones below them by violation."""
-    violation = np.sum(np.maximum(g, 0.0), axis=-1)
-    feasible = np.all(g <= _FEASIBLE_TOL, axis=-1)
-    return np.where(feasible, score, -1e6 - violation), feasible
-
-
 class _Evaluator:
     """Hard evaluation of grid indices in chunks of `_CHUNK` (one compile per layout): every
     chunk is dispatched before any result is read."""
 
     def __init__(self, model, chip, workload, space, tgt, objective):
-        self.model, self.chip, self.workload = model, chip, workload
-        self.space, self.tgt, self.objective = space, tgt, objective
-        self.tables = _tables(space, chip)
+        self.model, self.objective = model, objective
+        # Inputs shared by every chunk and layout, on the device once.
+        self.fixed = jax.device_put((chip, workload, _tables(space, chip), tgt))
         self.count = 0
         self._lock = threading.Lock()
 
@@ -895,8 +880,7 @@ class _Evaluator:
         pad = -n % chunk
         if pad:
             indices = np.concatenate([indices, np.repeat(indices[-1:], pad, axis=0)])
-        fixed = jax.device_put((self.chip, self.workload, self.tables, self.tgt))
-        pending = [_hard(indices[start:start + chunk], *fixed, model=self.model,
+        pending = [_hard(indices[start:start + chunk], *self.fixed, model=self.model,
                          layout=layout, objective=self.objective)
                    for start in range(0, n + pad, chunk)]
         with self._lock:
@@ -917,8 +901,7 @@ def _describe(space: Space, chip: Chip, layout, index) -> dict:
             "power_cap_w": float(space.power_caps[index[_CAP]] * float(chip.tdp))}
 
 
-def _design(space: Space, chip: Chip, layout, index, tables: _Tables | None = None):
-    tables = _tables(space, chip) if tables is None else tables
+def _design(space: Space, chip: Chip, layout, index, tables: _Tables):
     capped, design, _ = _materialize(chip, layout, tables, _index_choice(
         tables, jnp.asarray(index, dtype=jnp.int32)))
     names = (space.weights[index[1]], space.experts[index[2]], space.kv[index[3]])
@@ -965,7 +948,7 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
     results = _map_branches(lambda layout: evaluator(layout, grid), space.layouts)
     best, best_layout = None, None
     for layout, (score, g, value) in zip(space.layouts, results, strict=True):
-        ranks, _ = _ranks(score, g)
+        ranks = np.asarray(_rank(score, g))
         k = int(np.argmax(ranks))
         if best is None or ranks[k] > best[0]:
             best, best_layout = (float(ranks[k]), grid[k], float(value[k]), g[k]), layout
