@@ -186,13 +186,28 @@ def _get(cfg: dict, *keys, default=None):
     return default
 
 
+_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "starcoder2",
+                               "gpt_bigcode"})
+"""Model types whose Hugging Face config class ties embeddings when the key is absent."""
+_NON_GATED_MLP = frozenset({"starcoder2", "gpt_bigcode"})
+"""Model types whose MLP is two matrices (c_fc, c_proj) with no gate."""
+_UNIFORM_SLIDING = frozenset({"mistral", "starcoder2", "phi3"})
+"""Model types that apply a non-null `sliding_window` to every layer."""
+
+
 def from_hf_config(config: dict | str | os.PathLike, name: str | None = None) -> Model:
     """Build a `Model` from a Hugging Face ``config.json`` (a dict or a local path).
 
     Understands the Llama/Qwen/Mistral/Mixtral families, DeepSeek-V3/R1 and Kimi-K2 (MLA,
-    shared experts, first dense layers), gpt-oss (alternating sliding windows) and Llama 4
-    (interleaved MoE, chunked local attention). Multimodal configs use their `text_config`.
-    No network access.
+    shared experts, first dense layers), gpt-oss (alternating sliding windows), Llama 4
+    (interleaved MoE, chunked local attention), Gemma 1/2/3 (tied embeddings; Gemma 2
+    alternates local and global layers, Gemma 3 has one global layer in every
+    `sliding_window_pattern`, or follows `layer_types`), Phi-3, StarCoder2 and GPT-BigCode
+    (non-gated MLP; multi-query attention for GPT-BigCode). Mistral, Phi-3 and StarCoder2
+    configs with a non-null `sliding_window` use it in every layer, as the Hugging Face
+    implementations do. A missing `tie_word_embeddings` takes the Hugging Face default of
+    the family (tied for Gemma, StarCoder2 and GPT-BigCode, untied otherwise). Multimodal
+    configs use their `text_config`. No network access.
 
     Raises:
         ValueError: a missing field, naming it and the file.
@@ -203,6 +218,17 @@ def from_hf_config(config: dict | str | os.PathLike, name: str | None = None) ->
         ...     "intermediate_size": 14336, "vocab_size": 128256})
         >>> round(m.total_params / 1e9, 2)
         8.03
+        >>> g = from_hf_config({"model_type": "gemma2", "num_hidden_layers": 26,
+        ...     "hidden_size": 2304, "num_attention_heads": 8, "num_key_value_heads": 4,
+        ...     "head_dim": 256, "intermediate_size": 9216, "vocab_size": 256000,
+        ...     "sliding_window": 4096})
+        >>> g.tied_embeddings, g.num_sliding_layers, g.sliding_window
+        (True, 13, 4096)
+        >>> s = from_hf_config({"model_type": "starcoder2", "num_hidden_layers": 30,
+        ...     "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 2,
+        ...     "intermediate_size": 12288, "vocab_size": 49152, "sliding_window": 4096})
+        >>> s.gated_mlp, s.num_sliding_layers, round(s.total_params / 1e9, 2)
+        (False, 30, 3.03)
     """
     source = "dict"
     if not isinstance(config, dict):
@@ -224,14 +250,19 @@ def from_hf_config(config: dict | str | os.PathLike, name: str | None = None) ->
     layers = int(need("num_hidden_layers", "n_layer", "num_layers"))
     hidden = int(need("hidden_size", "d_model", "n_embd"))
     heads = int(need("num_attention_heads", "n_head"))
-    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
+    if model_type == "gpt_bigcode" and _get(cfg, "multi_query", default=True):
+        kv_heads = 1                       # multi-query attention: one K/V head
+    else:
+        kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
     head_dim = int(_get(cfg, "head_dim", default=hidden // heads))
     vocab = int(need("vocab_size"))
     kwargs: dict = dict(
         name=name or str(_get(cfg, "_name_or_path", default=model_type or "model")),
         num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, vocab=vocab,
-        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", default=False)))
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings",
+                                  default=model_type in _TIED_BY_DEFAULT)),
+        gated_mlp=model_type not in _NON_GATED_MLP)
     experts = int(_get(cfg, "n_routed_experts", "num_local_experts", "num_experts",
                        default=0) or 0)
     dense_ffn = int(_get(cfg, "intermediate_size_mlp", "intermediate_size", default=0) or 0)
@@ -250,7 +281,10 @@ def from_hf_config(config: dict | str | os.PathLike, name: str | None = None) ->
         needs_dense = kwargs["first_dense_layers"] > 0 or kwargs["moe_layer_step"] > 1
         kwargs["dense_ffn"] = dense_ffn if needs_dense else 0
     else:
-        kwargs["dense_ffn"] = int(need("intermediate_size", "ffn_dim", "n_inner"))
+        if model_type == "gpt_bigcode" and _get(cfg, "n_inner") is None:
+            kwargs["dense_ffn"] = 4 * hidden   # GPTBigCodeConfig: n_inner None = 4 * n_embd
+        else:
+            kwargs["dense_ffn"] = int(need("intermediate_size", "ffn_dim", "n_inner"))
     if _get(cfg, "kv_lora_rank"):
         kwargs.update(
             attention="mla", kv_lora_rank=int(cfg["kv_lora_rank"]),
@@ -259,10 +293,20 @@ def from_hf_config(config: dict | str | os.PathLike, name: str | None = None) ->
             qk_nope_head_dim=int(need("qk_nope_head_dim")), v_head_dim=int(need("v_head_dim")),
             head_dim=int(need("qk_nope_head_dim")) + int(need("qk_rope_head_dim")))
     layer_types = _get(cfg, "layer_types")
-    if model_type == "gpt_oss" or layer_types:
+    if model_type in ("gpt_oss", "gemma2", "gemma3", "gemma3_text") or layer_types or (
+            model_type in _UNIFORM_SLIDING and _get(cfg, "use_sliding_window", default=True)):
         window = int(_get(cfg, "sliding_window", default=0) or 0)
         if layer_types:
             sliding = sum(1 for t in layer_types if "sliding" in str(t))
+        elif model_type == "gemma2":
+            sliding = (layers + 1) // 2    # even layers 0, 2, ... are local (Gemma 2)
+        elif model_type in ("gemma3", "gemma3_text"):
+            # Gemma 3: layer i is global when (i + 1) % pattern == 0, else local.
+            pattern = int(_get(cfg, "sliding_window_pattern", "_sliding_window_pattern",
+                               default=6) or 6)
+            sliding = layers - layers // pattern
+        elif model_type in _UNIFORM_SLIDING:
+            sliding = layers
         else:
             sliding = layers // 2
         kwargs.update(sliding_window=window if sliding else 0,
