@@ -4,11 +4,13 @@ Measured GPU board power while serving (ML.ENERGY Benchmark v2/v3, InferenceX po
 `calibration/power/power_measurements.csv`) is reproduced by the serving model
 (`perfmodel.serving.predict`) with the power model of `perfmodel.power`:
 
-    P = P_idle + (sum_c e_c FLOP_c + e_hbm bytes_HBM + e_link bytes_link) / t,
+    P = P_idle + (sum_c e_c FLOP_c + e_hbm bytes_HBM + e_link bytes_link
+                  + P_active t_busy) / t,
 
-capped at TDP. Dynamic energy is linear in the coefficients, so one evaluation of the
-serving model per measured row gives its *energy features* x_i = d P / d e_i (W per J/unit,
-with the cap off); the fit then only needs
+capped at TDP (t_busy: the time kernels run; host overheads are idle time). Dynamic energy
+is linear in the coefficients, so one evaluation of the serving model per measured row and
+coefficient gives its *energy features* x_i = d P / d e_i (W per J/unit, with the cap off);
+the fit then only needs
 
     P = P_idle + sum_i e_i x_i / s,   s = smooth_max(1, sum_i e_i x_i / (TDP - P_idle)),
 
@@ -18,10 +20,15 @@ log J per output token by optax; one set per chip family (ampere, hopper, blackw
 towards a shared *generic* set expressed in units of each chip's own peak rates:
 
     e_flop,c = a_c TDP / peak_flops_c,  e_hbm = a_hbm TDP / hbm_bandwidth,
-    e_link = a_link TDP / scale_up_bandwidth,  P_idle = a_idle TDP,
+    e_link = a_link TDP / scale_up_bandwidth,  P_active = a_active TDP,  P_idle = a_idle TDP,
 
 the fraction of TDP each unit would draw running alone at its peak. Chips never measured
 (Jalapeno, TPUs, AMD) and held-out chips take the generic set.
+
+The same fit sets the serving engines' time terms that only these measurements see (per
+runtime: host time per step and per running sequence, the expert kernels' efficiency and
+the pipeline overlap of `design.Runtime`): J per token is power times time, so a
+throughput the model gets wrong is a J/token it gets wrong.
 """
 
 from __future__ import annotations
@@ -64,7 +71,8 @@ DEFAULT_ISL = 256.0
 VLLM_STEP_OVERHEAD = 1.0e-3
 
 #: Energy-coefficient order used by the fit: four FLOP classes, HBM byte, link byte.
-COEFFICIENTS = (*(f"flop_{c}" for c in COMPUTE_CLASSES), "hbm_byte", "link_byte")
+COEFFICIENTS = (*(f"flop_{c}" for c in COMPUTE_CLASSES), "hbm_byte", "link_byte",
+                "active_power")
 
 POWER_FILE = "fitted_power.json"
 
@@ -82,19 +90,22 @@ def load_fitted_power() -> dict:
     return json.loads(path.read_text())
 
 
-def generic_energy(chip: Chip, fractions: dict) -> tuple[list[float], float, float, float]:
+def generic_energy(chip: Chip, fractions: dict) -> tuple[dict, float]:
     """Energy coefficients of a chip from TDP fractions (see the module docstring).
 
     Returns:
-        (per_flop[4] in J/FLOP, per_hbm_byte in J/byte, per_link_byte in J/byte,
-        idle_fraction).
+        ({"per_flop": [4] J/FLOP, "per_hbm_byte": J/byte, "per_link_byte": J/byte,
+        "active_power": W}, idle_fraction). Fractions written before the active-power term
+        existed (no "active" key) give 0 W.
     """
     tdp = float(chip.tdp)
     peaks = np.asarray(chip.peak_flops, dtype=float)
-    per_flop = [fractions["flop"][i] * tdp / peaks[i] for i in range(len(COMPUTE_CLASSES))]
-    per_hbm = fractions["hbm"] * tdp / float(chip.hbm_bandwidth)
-    per_link = fractions["link"] * tdp / float(chip.scale_up.bandwidth)
-    return per_flop, per_hbm, per_link, fractions["idle"]
+    energy = {"per_flop": [fractions["flop"][i] * tdp / peaks[i]
+                           for i in range(len(COMPUTE_CLASSES))],
+              "per_hbm_byte": fractions["hbm"] * tdp / float(chip.hbm_bandwidth),
+              "per_link_byte": fractions["link"] * tdp / float(chip.scale_up.bandwidth),
+              "active_power": fractions.get("active", 0.0) * tdp}
+    return energy, fractions["idle"]
 
 
 def power_params(chip: Chip, fitted: dict | None = None, holdout: str | None = None) -> dict:
@@ -118,9 +129,8 @@ def power_params(chip: Chip, fitted: dict | None = None, holdout: str | None = N
     generic = fitted.get("generic")
     if not generic:
         return {}
-    per_flop, per_hbm, per_link, idle = generic_energy(chip, generic)
-    return {"energy": {"per_flop": per_flop, "per_hbm_byte": per_hbm,
-                       "per_link_byte": per_link}, "idle_fraction": idle}
+    energy, idle = generic_energy(chip, generic)
+    return {"energy": energy, "idle_fraction": idle}
 
 
 def apply_power(chip: Chip, fitted: dict | None = None, holdout: str | None = None) -> Chip:
@@ -136,10 +146,11 @@ def apply_power(chip: Chip, fitted: dict | None = None, holdout: str | None = No
         return chip
     energy = params["energy"]
     chip = eqx.tree_at(lambda c: (c.energy.per_flop, c.energy.per_hbm_byte,
-                                  c.energy.per_link_byte), chip,
+                                  c.energy.per_link_byte, c.energy.active_power), chip,
                        (jnp.asarray(energy["per_flop"], dtype=float),
                         jnp.asarray(energy["per_hbm_byte"], dtype=float),
-                        jnp.asarray(energy["per_link_byte"], dtype=float)))
+                        jnp.asarray(energy["per_link_byte"], dtype=float),
+                        jnp.asarray(energy.get("active_power", 0.0), dtype=float)))
     return eqx.tree_at(lambda c: c.idle_power, chip,
                        chip.tdp * jnp.asarray(params["idle_fraction"], dtype=float))
 
@@ -302,18 +313,25 @@ def _runtime(spec: RowSpec, fitted: dict, max_running, zero_overhead: bool = Fal
     elif entry:
         kw.update(step_overhead=entry["step_overhead"] * jnp.ones_like(max_running),
                   seq_overhead=entry["seq_overhead"] * jnp.ones_like(max_running))
+    for name in ("expert_efficiency", "pipeline_overlap"):
+        if name in entry:
+            kw[name] = entry[name] * jnp.ones_like(max_running)
     return Runtime(**kw)
 
 
-def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool = False):
+def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool = False,
+            overlap: float | None = None):
     first = specs[0]
     conc = jnp.asarray([s.concurrency for s in specs], dtype=float)
     running = jnp.asarray([s.max_running for s in specs], dtype=float)
     # vLLM keeps the KV cache in the model's dtype unless told otherwise.
     kv = "bf16" if first.framework.startswith("vllm") else None
     prec = precision(chip, first.model, first.weights, kv=kv)
-    design = Design(concurrency=conc, layout=first.layout, precision=prec,
-                    runtime=_runtime(first, fitted, running, zero_overhead))
+    runtime = _runtime(first, fitted, running, zero_overhead)
+    if overlap is not None:
+        runtime = eqx.tree_at(lambda r: (r.expert_efficiency, r.pipeline_overlap), runtime,
+                              (jnp.ones_like(running), overlap * jnp.ones_like(running)))
+    design = Design(concurrency=conc, layout=first.layout, precision=prec, runtime=runtime)
     ratio = jnp.asarray([1.0 if s.isl_assumed else 0.8 for s in specs], dtype=float)
     workload = Workload(input_len=jnp.asarray([s.isl for s in specs], dtype=float),
                         output_len=jnp.asarray([s.osl for s in specs], dtype=float),
@@ -325,53 +343,87 @@ def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool 
 @eqx.filter_jit
 def _features(model, chip, design, workload):
     """Dynamic J per output token per unit of each energy coefficient (cap off), with the
-    zero-overhead throughput and step of each row."""
-    free = eqx.tree_at(lambda c: (c.tdp, c.idle_power), chip,
-                       (jnp.asarray(1e12), jnp.asarray(0.0)))
+    zero-overhead throughput and step of each row and the routed experts' share of the step
+    (`-d step / d expert_efficiency` at efficiency 1: the step is linear in its inverse)."""
+    # Cap off, no idle power and no energy: the throughput and the features must not
+    # depend on a previous power fit.
+    zero = type(chip.energy)(per_flop=jnp.zeros(len(COMPUTE_CLASSES)),
+                             per_hbm_byte=jnp.zeros(()), per_link_byte=jnp.zeros(()),
+                             active_power=jnp.zeros(()))
+    free = eqx.tree_at(lambda c: (c.tdp, c.idle_power, c.energy), chip,
+                       (jnp.asarray(1e12), jnp.asarray(0.0), zero))
 
-    def joules(leaves):
-        energy = type(chip.energy)(per_flop=leaves[0], per_hbm_byte=leaves[1],
-                                   per_link_byte=leaves[2])
+    def joules(unit):
+        # With the cap off and no idle power, J per token is linear in the coefficients and
+        # zero without them: one coefficient at a small value, divided by it, is its feature
+        # exactly (forward-mode derivatives gave NaN on some rows under jit).
+        energy = type(chip.energy)(per_flop=unit[:n_flop] * 1e-15,
+                                   per_hbm_byte=unit[n_flop] * 1e-15,
+                                   per_link_byte=unit[n_flop + 1] * 1e-15,
+                                   active_power=unit[n_flop + 2] * 1e-3)
         m = predict(model, eqx.tree_at(lambda c: c.energy, free, energy), workload, design,
                     hard=True, check=False)
         return m.j_per_output_token
 
-    leaves = (jnp.zeros(len(COMPUTE_CLASSES)), jnp.zeros(()), jnp.zeros(()))
-    jac = jax.jacfwd(joules)(leaves)
-    n = design.concurrency.shape[0]
-    features = jnp.concatenate([jac[0].reshape(n, -1), jac[1].reshape(n, 1),
-                                jac[2].reshape(n, 1)], axis=1)
+    n_flop = len(COMPUTE_CLASSES)
+    scale = jnp.asarray([1e-15] * (n_flop + 2) + [1e-3])
+    features = jax.vmap(joules)(jnp.eye(n_flop + 3)).T / scale[None, :]
     m = predict(model, free, workload, design, hard=True, check=False)
-    return features, m.output_throughput_per_chip, m.decode_step, m.running_batch, m.fits
+
+    def step(efficiency):
+        d = eqx.tree_at(lambda x: x.runtime.expert_efficiency, design, efficiency)
+        return predict(model, free, workload, d, hard=True, check=False).decode_step
+
+    ones = design.runtime.expert_efficiency
+    _, slope = jax.jvp(step, (ones,), (jnp.ones_like(ones),))
+    return features, m.output_throughput_per_chip, m.decode_step, m.running_batch, m.fits, \
+        -slope
 
 
 def group_features(specs: list[RowSpec]) -> dict:
-    """Energy features of rows sharing `RowSpec.group`, with the latency fit applied and
-    every host overhead set to zero (the fit adds them back analytically).
+    """Energy features of rows sharing `RowSpec.group`, with the latency fit applied,
+    every host overhead set to zero and the expert kernels at full efficiency (the fit adds
+    them back analytically).
 
     Returns:
         dict of numpy arrays over the rows: `features` (n, 6) dynamic J per output token per
         unit of each coefficient of `COEFFICIENTS`; `tok_s` output tokens/s per chip and
-        `step` mean engine step (s) without host overhead; `micro` sequences per step;
-        `fits`; `units` (n, 6) the chip's TDP over its peak rate of each unit (J per unit at
-        a fraction 1); `tdp` (W).
+        `step` mean engine step (s) without host overhead; `experts` the routed experts'
+        seconds in that step; `micro` sequences per step; `fits`; `units` (n, 6) the chip's
+        TDP over its peak rate of each unit (J per unit at a fraction 1); `tdp` (W); `pp`.
+        Each of features, tok_s, step, experts and micro also as `<name>_serial`: the same
+        with one micro-batch in flight (`Runtime.pipeline_overlap` 0; equal without a
+        pipeline), where the rest hold all stages busy (overlap 1).
     """
     first = specs[0]
     chip = get_chip(first.chip_name)
-    design, workload = _inputs(specs, chip, {}, zero_overhead=True)
-    features, tok_s, step, running, fits = _features(first.model, chip, design, workload)
-    return {"features": np.asarray(features), "tok_s": np.asarray(tok_s),
-            "step": np.asarray(step), "micro": np.asarray(running) / first.layout.pp,
-            "fits": np.asarray(fits),
-            "units": np.tile(_units(chip), (len(specs), 1)),
-            "tdp": np.full(len(specs), float(chip.tdp))}
+    out = {}
+    for suffix, overlap in (("", 1.0), ("_serial", 0.0)):
+        if suffix and first.layout.pp == 1:
+            out.update({f"{k}_serial": out[k] for k in
+                        ("features", "tok_s", "step", "experts", "micro")})
+            break
+        design, workload = _inputs(specs, chip, {}, zero_overhead=True, overlap=overlap)
+        features, tok_s, step, running, fits, experts = _features(first.model, chip, design,
+                                                                  workload)
+        in_flight = 1.0 + overlap * (first.layout.pp - 1)
+        out.update({f"features{suffix}": np.asarray(features),
+                    f"tok_s{suffix}": np.asarray(tok_s), f"step{suffix}": np.asarray(step),
+                    f"experts{suffix}": np.asarray(experts),
+                    f"micro{suffix}": np.asarray(running) / in_flight})
+        if not suffix:
+            out["fits"] = np.asarray(fits)
+    out.update(units=np.tile(_units(chip), (len(specs), 1)),
+               tdp=np.full(len(specs), float(chip.tdp)),
+               pp=np.full(len(specs), float(first.layout.pp)))
+    return out
 
 
 def _units(chip: Chip) -> np.ndarray:
     tdp = float(chip.tdp)
     peaks = np.asarray(chip.peak_flops, dtype=float)
     return np.concatenate([tdp / peaks, [tdp / float(chip.hbm_bandwidth),
-                                         tdp / float(chip.scale_up.bandwidth)]])
+                                         tdp / float(chip.scale_up.bandwidth), tdp]])
 
 
 # ---------------------------------------------------------------------------------------
@@ -381,31 +433,43 @@ FAMILIES = ("ampere", "hopper", "blackwell")
 RUNTIMES = ("vllm", "vllm-2024")
 #: Priors as fractions of TDP (`hardware.EnergyCoefficients` priors on an H100: 0.5 pJ/FLOP
 #: x 989 TFLOP/s / 700 W = 0.71; 60 pJ/B x 3.35 TB/s / 700 W = 0.29; 40 pJ/B x 450 GB/s /
-#: 700 W = 0.026; idle 0.15) and host overheads (1 ms per step, 20 us per sequence).
-PRIOR = {"flop": 0.71, "hbm": 0.29, "link": 0.026, "idle": 0.15,
-         "step_overhead": 1e-3, "seq_overhead": 2e-5}
+#: 700 W = 0.026; active power while kernels run 0.1; idle 0.15), host overheads (1 ms per
+#: step, 20 us per sequence), and the engine's expert-kernel efficiency and pipeline overlap
+#: (0.9 each: close to the latency fit's engines, which run at 1; weak priors, the data
+#: decide).
+PRIOR = {"flop": 0.71, "hbm": 0.29, "link": 0.026, "active": 0.1, "idle": 0.15,
+         "step_overhead": 1e-3, "seq_overhead": 2e-5, "expert_efficiency": 0.9,
+         "pipeline_overlap": 0.9}
 
 
 class PowerParams(eqx.Module):
     """Fitted power parameters in log/logit space (the optimizer's variables)."""
 
     log_fraction: jnp.ndarray
-    """Generic log TDP fractions of FLOP, HBM and link energy, shape (3,)."""
+    """Generic log TDP fractions of FLOP, HBM and link energy and of the active power,
+    shape (4,)."""
     logit_idle: jnp.ndarray
     """Generic logit of the idle fraction of TDP."""
     family_delta: jnp.ndarray
-    """Per-family offsets of the four values above, shape (len(FAMILIES), 4)."""
+    """Per-family offsets of the five values above, shape (len(FAMILIES), 5)."""
     log_overheads: jnp.ndarray
     """log (step, per-sequence) host overhead (s) per runtime, shape (len(RUNTIMES), 2)."""
+    logit_engine: jnp.ndarray
+    """logit (expert-kernel efficiency, pipeline overlap) per runtime (`design.Runtime`),
+    shape (len(RUNTIMES), 2)."""
 
     @staticmethod
     def prior() -> PowerParams:
-        base = jnp.log(jnp.asarray([PRIOR["flop"], PRIOR["hbm"], PRIOR["link"]]))
+        base = jnp.log(jnp.asarray([PRIOR["flop"], PRIOR["hbm"], PRIOR["link"],
+                                    PRIOR["active"]]))
         idle = jnp.log(PRIOR["idle"] / (1.0 - PRIOR["idle"]))
         over = jnp.log(jnp.asarray([[PRIOR["step_overhead"], PRIOR["seq_overhead"]]] *
                                    len(RUNTIMES)))
+        engine = jnp.asarray([[PRIOR["expert_efficiency"], PRIOR["pipeline_overlap"]]]
+                             * len(RUNTIMES))
         return PowerParams(log_fraction=base, logit_idle=jnp.asarray(idle),
-                           family_delta=jnp.zeros((len(FAMILIES), 4)), log_overheads=over)
+                           family_delta=jnp.zeros((len(FAMILIES), 5)), log_overheads=over,
+                           logit_engine=jnp.log(engine / (1.0 - engine)))
 
 
 class Batch(eqx.Module):
@@ -415,7 +479,11 @@ class Batch(eqx.Module):
     units: jnp.ndarray
     tok_s: jnp.ndarray
     step: jnp.ndarray
+    experts: jnp.ndarray
     micro: jnp.ndarray
+    serial: tuple
+    """(features, tok_s, step, experts, micro) with one micro-batch in flight."""
+    pp: jnp.ndarray
     tdp: jnp.ndarray
     family: jnp.ndarray
     """Index into FAMILIES, or -1 for the generic set."""
@@ -428,22 +496,43 @@ class Batch(eqx.Module):
 def reduced_predict(params: PowerParams, batch: Batch, sharpness=24.0, hard: bool = False):
     """Power per GPU (W), J per output token and output tokens/s per GPU of each row from
     its features: the serving model's power and throughput, with the coefficients,
-    idle fraction and host overheads of `params`.
+    idle fraction, host overheads, expert-kernel efficiency and pipeline overlap of `params`.
 
-    The host overhead stretches the zero-overhead step `t0` to `t0 + s0 + s1 B`; the TDP
-    cap (`power.apply_power_cap`) stretches it further by `max(1, P_dyn / (TDP - P_idle))`.
+    The engine stretches the zero-overhead step `t0` to `t0 + t_e (1 / eta - 1) + s0 +
+    s1 B` (`t_e` the routed experts' time, `eta` their efficiency); the TDP cap
+    (`power.apply_power_cap`) stretches it further by `max(1, P_dyn / (TDP - P_idle))`. With
+    pipeline stages every row quantity is interpolated between one micro-batch in flight
+    and all stages busy, linearly in the micro-batch size `B / (1 + overlap (pp - 1))`.
     """
     fam = jnp.clip(batch.family, 0, len(FAMILIES) - 1)
     delta = jnp.where((batch.family >= 0)[:, None], params.family_delta[fam], 0.0)
-    log_frac = params.log_fraction[None, :] + delta[:, :3]
-    idle = jax.nn.sigmoid(params.logit_idle + delta[:, 3])
+    log_frac = params.log_fraction[None, :] + delta[:, :4]
+    idle = jax.nn.sigmoid(params.logit_idle + delta[:, 4])
     frac = jnp.exp(jnp.concatenate([jnp.repeat(log_frac[:, :1], len(COMPUTE_CLASSES), 1),
                                     log_frac[:, 1:]], axis=1))
-    joules_dyn = jnp.sum(batch.features * batch.units * frac, axis=1)
     run = jnp.clip(batch.runtime, 0, len(RUNTIMES) - 1)
-    over = jnp.where((batch.runtime >= 0)[:, None], jnp.exp(params.log_overheads[run]), 0.0)
-    step = batch.step + over[:, 0] + over[:, 1] * batch.micro
-    tok_s = batch.tok_s * batch.step / step
+    known = batch.runtime >= 0
+    over = jnp.where(known[:, None], jnp.exp(params.log_overheads[run]), 0.0)
+    engine = jnp.where(known[:, None], jax.nn.sigmoid(params.logit_engine[run]), 1.0)
+    # Pipeline: weight of the one-in-flight end, linear in the micro-batch size.
+    in_flight = 1.0 + engine[:, 1] * (batch.pp - 1.0)
+    w = jnp.where(batch.pp > 1, (1.0 / in_flight - 1.0 / batch.pp)
+                  / (1.0 - 1.0 / jnp.maximum(batch.pp, 2.0)), 0.0)
+
+    def lerp(a, b):
+        return a + (w.reshape(w.shape + (1,) * (a.ndim - 1))) * (b - a)
+
+    s_features, s_tok_s, s_step, s_experts, s_micro = batch.serial
+    features = lerp(batch.features, s_features)
+    step0 = lerp(batch.step, s_step)
+    tokens = lerp(batch.tok_s * batch.step, s_tok_s * s_step)
+    busy = step0 + lerp(batch.experts, s_experts) * (1.0 / engine[:, 0] - 1.0)
+    # The active-power column (J per token per W = busy seconds per token) stretches with
+    # the kernels' time; the work columns do not.
+    stretch = jnp.concatenate([jnp.ones_like(features[:, :-1]), (busy / step0)[:, None]], 1)
+    joules_dyn = jnp.sum(features * batch.units * frac * stretch, axis=1)
+    step = busy + over[:, 0] + over[:, 1] * lerp(batch.micro, s_micro)
+    tok_s = tokens / step
     dyn = joules_dyn * tok_s
     headroom = batch.tdp * (1.0 - idle)
     throttle = smooth_max(jnp.ones_like(dyn), dyn / headroom, sharpness=sharpness, hard=hard)
@@ -462,7 +551,10 @@ def _loss(params: PowerParams, batch: Batch, weights):
     reg = (jnp.sum(params.family_delta ** 2) * 0.05
            + 1e-3 * jnp.sum((params.log_fraction - prior.log_fraction) ** 2)
            + 1e-3 * (params.logit_idle - prior.logit_idle) ** 2
-           + 1e-3 * jnp.sum((params.log_overheads - prior.log_overheads) ** 2))
+           + 1e-3 * jnp.sum((params.log_overheads - prior.log_overheads) ** 2)
+           # Each engine term is seen by few rows (17 pipelined ones): a prior as weak as
+           # their share of the mean data loss lets them speak.
+           + 1e-5 * jnp.sum((params.logit_engine - prior.logit_engine) ** 2))
     return data + reg
 
 
@@ -492,8 +584,10 @@ def fit_power(batch: Batch, weights=None, steps: int = 6000, learning_rate: floa
     start = PowerParams.prior()
     key = jax.random.PRNGKey(seed)
     start = eqx.tree_at(lambda p: p.log_fraction, start,
-                        start.log_fraction + 0.01 * jax.random.normal(key, (3,)))
-    optimizer = optax.adam(learning_rate)
+                        start.log_fraction + 0.01 * jax.random.normal(key, (4,)))
+    # Step size decays a hundredfold over the run, so Adam settles instead of dithering
+    # around the optimum at its constant-step noise floor.
+    optimizer = optax.adam(optax.cosine_decay_schedule(learning_rate, steps, alpha=0.01))
 
     @eqx.filter_jit
     def run(params):
@@ -534,7 +628,7 @@ def to_fitted(params: PowerParams, chips: dict[str, Chip], holdout: str | None =
     frac = np.exp(np.asarray(params.log_fraction))
     idle = float(jax.nn.sigmoid(params.logit_idle))
     generic = {"flop": [float(frac[0])] * len(COMPUTE_CLASSES), "hbm": float(frac[1]),
-               "link": float(frac[2]), "idle": idle}
+               "link": float(frac[2]), "active": float(frac[3]), "idle": idle}
     families = {}
     for i, family in enumerate(FAMILIES):
         if family == holdout or family not in chips:
@@ -542,14 +636,16 @@ def to_fitted(params: PowerParams, chips: dict[str, Chip], holdout: str | None =
         d = np.asarray(params.family_delta[i])
         fam = {"flop": [float(frac[0] * np.exp(d[0]))] * len(COMPUTE_CLASSES),
                "hbm": float(frac[1] * np.exp(d[1])), "link": float(frac[2] * np.exp(d[2])),
-               "idle": float(jax.nn.sigmoid(params.logit_idle + d[3]))}
-        per_flop, per_hbm, per_link, idle_f = generic_energy(chips[family], fam)
-        families[family] = {"energy": {"per_flop": per_flop, "per_hbm_byte": per_hbm,
-                                       "per_link_byte": per_link},
-                            "idle_fraction": idle_f, "tdp_fractions": fam,
+               "active": float(frac[3] * np.exp(d[3])),
+               "idle": float(jax.nn.sigmoid(params.logit_idle + d[4]))}
+        energy, idle_f = generic_energy(chips[family], fam)
+        families[family] = {"energy": energy, "idle_fraction": idle_f, "tdp_fractions": fam,
                             "reference_chip": chips[family].name}
     over = np.exp(np.asarray(params.log_overheads))
-    runtimes = {name: {"step_overhead": float(over[i, 0]), "seq_overhead": float(over[i, 1])}
+    engine = np.asarray(jax.nn.sigmoid(params.logit_engine))
+    runtimes = {name: {"step_overhead": float(over[i, 0]), "seq_overhead": float(over[i, 1]),
+                       "expert_efficiency": float(engine[i, 0]),
+                       "pipeline_overlap": float(engine[i, 1])}
                 for i, name in enumerate(RUNTIMES)}
     return {"version": 1, "families": families, "generic": generic, "runtimes": runtimes}
 
@@ -597,7 +693,10 @@ def make_batch(features: dict[int, dict], indices, holdout: str | None = None) -
         return jnp.asarray(np.stack([r[key] for r in rows]), dtype=float)
 
     return Batch(features=stack("features"), units=stack("units"), tok_s=stack("tok_s"),
-                 step=stack("step"), micro=stack("micro"), tdp=stack("tdp"),
+                 step=stack("step"), experts=stack("experts"), micro=stack("micro"),
+                 serial=tuple(stack(f"{k}_serial") for k in
+                              ("features", "tok_s", "step", "experts", "micro")),
+                 pp=stack("pp"), tdp=stack("tdp"),
                  family=jnp.asarray([family(r["spec"]) for r in rows]),
                  runtime=jnp.asarray([RUNTIMES.index(r["spec"].framework)
                                       if r["spec"].framework in RUNTIMES else -1

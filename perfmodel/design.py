@@ -297,6 +297,16 @@ class Runtime(eqx.Module):
     admission_steps: jnp.ndarray = eqx.field(converter=_array, default=0.5)
     """Engine steps a new request waits before its prefill is scheduled (0.5: the step in
     flight; schedulers that favour running decodes wait longer) (steps)."""
+    expert_efficiency: jnp.ndarray = eqx.field(converter=_array, default=1.0)
+    """Speed of the engine's routed-expert kernels relative to the dense matmuls the chip's
+    fitted efficiencies describe, in (0, 1]: the expert operator's time is divided by it.
+    Grouped-GEMM MoE kernels that gather tokens per expert (vLLM's fused_moe) run below
+    dense-GEMM bandwidth at small per-expert batches; 1 for engines the latency fit
+    describes (dimensionless)."""
+    pipeline_overlap: jnp.ndarray = eqx.field(converter=_array, default=1.0)
+    """How far the engine overlaps micro-batches across pipeline stages, in [0, 1]: the
+    running batch is split into `1 + overlap (pp - 1)` micro-batches in flight (1: every
+    stage busy; 0: one batch crosses the stages while the others idle) (dimensionless)."""
     framework: str = eqx.field(static=True, default="generic")
 
 

@@ -69,6 +69,12 @@ class EnergyCoefficients(eqx.Module):
     """Joules per byte read or written in HBM (J/byte)."""
     per_link_byte: jnp.ndarray = eqx.field(converter=_array, default=40e-12)
     """Joules per byte sent over the scale-up or scale-out network (J/byte)."""
+    active_power: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    """Power above idle drawn while kernels run, whatever work they do: clocks, static power
+    of the units at active clocks, stalled pipelines. It makes a slow kernel cost energy in
+    proportion to its time, not only to its work (GPU power models split power the same
+    way: AccelWattch, MICRO 2021, constant + static + dynamic). Prior 0: work alone;
+    the power calibration fits it (W)."""
 
 
 class Chip(eqx.Module):

@@ -1,6 +1,9 @@
 """Power: idle + dynamic energy / time, capped at TDP by slowing the chip down.
 
-    P = P_idle + (E_flop * FLOP + E_hbm * bytes_HBM + E_link * bytes_link) / t
+    P = P_idle + (E_flop * FLOP + E_hbm * bytes_HBM + E_link * bytes_link
+                  + P_active * t_busy) / t
+
+(t_busy: the part of the step the chip runs kernels; host overheads are idle time.)
 
 Over the cap the chip does not exceed TDP: it lowers clocks until the dynamic energy fits,
 so a step takes at least E_dyn / (TDP - P_idle). That is one more term of the roofline,
@@ -30,9 +33,11 @@ class PowerResult(eqx.Module):
 
 
 def dynamic_energy(chip: Chip, cost: StepCost):
-    """Joules of a step above idle: FLOPs by class, HBM bytes and network bytes."""
+    """Joules of a step above idle: FLOPs by class, HBM bytes, network bytes, and the
+    active power over the time kernels run."""
     return (cost.compute_energy + chip.energy.per_hbm_byte * cost.hbm_bytes
-            + chip.energy.per_link_byte * cost.link_bytes)
+            + chip.energy.per_link_byte * cost.link_bytes
+            + chip.energy.active_power * cost.busy_time)
 
 
 def apply_power_cap(chip: Chip, time, energy, sharpness=DEFAULT_SHARPNESS,

@@ -73,6 +73,8 @@ class StepCost(eqx.Module):
     """Dynamic energy of the step's FLOPs, each at its compute class's J/FLOP (J)."""
     collective_time: jnp.ndarray
     operator_times: tuple
+    busy_time: jnp.ndarray
+    """Seconds the chip runs kernels: operators and collectives, not host overheads (s)."""
 
 
 def operators(model: Model, chip: Chip, design: Design, layout: Layout, decode_seqs,
@@ -290,7 +292,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
               sharpness=DEFAULT_SHARPNESS, hard: bool = False) -> StepCost:
     """Time and work of one engine step on one chip (see `operators` for the arguments).
 
-    The step also pays the runtime's `step_overhead` and the collectives between chips.
+    The step also pays the runtime's `step_overhead` and the collectives between chips; the
+    routed experts run at the runtime's `expert_efficiency`.
     Pipeline stages (`layout.pp`) split layers: a micro-batch crosses every stage, so the step
     time is that of all layers on one chip's share of weights, plus the stage hand-offs.
 
@@ -310,16 +313,19 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
     times, fabric = [], jnp.zeros(())
     for op in ops:
         t, f = operator_time(op, chip, design, seqs_per_chip, sharpness, hard)
+        if op.name == "experts":
+            t = t / design.runtime.expert_efficiency
         times.append(t)
         fabric = fabric + f
     tokens = jnp.asarray(decode_seqs, dtype=float) * (1.0 + design.speculative.draft_tokens) \
         + jnp.asarray(prefill_tokens, dtype=float)
     comm, sent = _communication(model, chip, design, layout, tokens)
-    total = sum(times) + comm + design.runtime.step_overhead \
+    busy = sum(times) + comm
+    total = busy + design.runtime.step_overhead \
         + design.runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float)
     flops = sum(op.flops for op in ops)
     weighted = sum(op.flops * jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
                    for op in ops)
     return StepCost(time=total, flops=flops, hbm_bytes=sum(op.hbm_bytes for op in ops),
                     link_bytes=sent, compute_energy=weighted, collective_time=comm,
-                    operator_times=tuple(times))
+                    operator_times=tuple(times), busy_time=busy)

@@ -17,6 +17,10 @@ Prefill work therefore costs both TTFT and TPOT, and TTFT grows with concurrency
 length, as InferenceMAX measures. Disaggregated serving runs prefill and decode on separate
 pools and moves each request's KV cache between them.
 
+Pipeline stages (`Layout.pp`): the running batch is split into micro-batches, of which
+`1 + overlap (pp - 1)` are in flight (`Runtime.pipeline_overlap`); a step moves one
+micro-batch through every stage, and each stage's chip does that share of the work.
+
 Percentiles: p99 TPOT adds the binomial spread of how many chunk-carrying steps a request
 meets in its O / tau steps; p99 TTFT takes the longest prompt and, for a benchmark that
 starts all clients at once (InferenceMAX sends 10 prompts per client), the first wave's queue.
@@ -110,8 +114,18 @@ class _Pool(eqx.Module):
 
 def _capped_step(model, chip, design, layout, kw, sharpness, hard):
     cost = step_cost(model, chip, design, layout, sharpness=sharpness, hard=hard, **kw)
-    result = apply_power_cap(chip, cost.time, dynamic_energy(chip, cost), sharpness, hard)
+    # A step carries one micro-batch through all pipeline stages; each stage's chip works
+    # on in_flight / pp of it (all of it without a pipeline).
+    share = _in_flight(layout, design.runtime) / layout.pp
+    result = apply_power_cap(chip, cost.time, share * dynamic_energy(chip, cost), sharpness,
+                             hard)
     return cost, result
+
+
+def _in_flight(layout, runtime):
+    """Micro-batches in flight through a pipeline of `layout.pp` stages: `1 + overlap
+    (pp - 1)` (`Runtime.pipeline_overlap`); 1 without a pipeline."""
+    return 1.0 + runtime.pipeline_overlap * (layout.pp - 1)
 
 
 def _memory(model, chip, design, layout, context, sharpness):
@@ -135,7 +149,7 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     fit, excess, penalty = _memory(model, chip, design, layout, context, sharpness)
     running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,
                          sharpness=sharpness, hard=hard)
-    micro = running / layout.pp
+    micro = running / _in_flight(layout, rt)
     demand = micro * tau * I / O
     chunk = smooth_max(demand, jnp.minimum(I, rt.max_batched_tokens), sharpness=sharpness,
                        hard=hard)
@@ -193,7 +207,8 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,
                          sharpness=sharpness, hard=hard)
     _, plain = _capped_step(model, chip, design, dec,
-                            dict(decode_seqs=running / dec.pp, decode_context=context),
+                            dict(decode_seqs=running / _in_flight(dec, rt),
+                                 decode_context=context),
                             sharpness, hard)
     tpot = plain.time / tau
     # Prefill pool: prompts batched into chunks of max(I, max_batched_tokens).
@@ -207,7 +222,7 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
                              dict(decode_seqs=zero, decode_context=zero, prefill_tokens=I,
                                   prefill_context=I / 2.0, prefill_seqs=jnp.ones_like(I)),
                              sharpness, hard)
-    prefill_capacity = pre.replicas * pre.pp * chunk / I / batch.time
+    prefill_capacity = pre.replicas * _in_flight(pre, rt) * chunk / I / batch.time
     kv = kv_bytes_per_request(model, I, design.precision.kv_bytes)
     tier_up = pre.chips + dec.chips <= chip.domain_size
     shard = kv / pre.tp
@@ -268,6 +283,13 @@ def _check_values(workload: Workload, design: Design, chip: Chip):
     for r in ratios:
         out.append(eqx.error_if(r, ~((r > 0) & (r <= 1)),
                                 "workload range ratios must lie in (0, 1]"))
+    rt = design.runtime
+    out.append(eqx.error_if(rt.expert_efficiency,
+                            ~((rt.expert_efficiency > 0) & (rt.expert_efficiency <= 1)),
+                            "design.runtime.expert_efficiency must lie in (0, 1]"))
+    out.append(eqx.error_if(rt.pipeline_overlap,
+                            ~((rt.pipeline_overlap >= 0) & (rt.pipeline_overlap <= 1)),
+                            "design.runtime.pipeline_overlap must lie in [0, 1]"))
     return out
 
 
@@ -312,7 +334,9 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         workload = eqx.tree_at(
             lambda w: (w.input_len, w.output_len, w.input_range_ratio, w.output_range_ratio),
             workload, (checked[0], checked[1], checked[5], checked[6]))
-        design = eqx.tree_at(lambda d: d.concurrency, design, checked[2])
+        design = eqx.tree_at(lambda d: (d.concurrency, d.runtime.expert_efficiency,
+                                        d.runtime.pipeline_overlap), design,
+                             (checked[2], checked[7], checked[8]))
         chip = eqx.tree_at(lambda c: (c.hbm_bandwidth, c.peak_flops), chip,
                            (checked[3], checked[4]))
     concurrency = design.concurrency

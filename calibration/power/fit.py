@@ -151,11 +151,14 @@ def markdown(r):
         lines.append(f"- {fam} ({v['reference_chip']}): "
                      f"{e['per_flop'][0] * 1e12:.3f} pJ/FLOP bf16, "
                      f"{e['per_hbm_byte'] * 1e12:.1f} pJ/HBM byte, "
-                     f"{e['per_link_byte'] * 1e12:.1f} pJ/link byte, idle "
+                     f"{e['per_link_byte'] * 1e12:.1f} pJ/link byte, active "
+                     f"{e['active_power']:.0f} W while kernels run, idle "
                      f"{v['idle_fraction']:.3f} x TDP")
     for name, v in f["runtimes"].items():
         lines.append(f"- runtime {name}: {v['step_overhead'] * 1e3:.2f} ms per step + "
-                     f"{v['seq_overhead'] * 1e6:.1f} us per running sequence")
+                     f"{v['seq_overhead'] * 1e6:.1f} us per running sequence; expert "
+                     f"kernels at {v['expert_efficiency']:.2f} of dense speed; pipeline "
+                     f"overlap {v['pipeline_overlap']:.2f}")
     lines += ["", "Skipped rows: " + "; ".join(f"{k} ({v})" for k, v in r["skipped"].items()),
               ""]
     return "\n".join(lines)
