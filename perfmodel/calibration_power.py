@@ -321,6 +321,9 @@ def _runtime(spec: RowSpec, fitted: dict, max_running, zero_overhead: bool = Fal
 
 def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool = False,
             overlap: float | None = None):
+    """Design and workload of a group of rows. `overlap` given: the feature evaluation's
+    reference engine (expert kernels at full speed, that pipeline overlap), from which the
+    fit's reduced model adds the fitted engine terms back."""
     first = specs[0]
     conc = jnp.asarray([s.concurrency for s in specs], dtype=float)
     running = jnp.asarray([s.max_running for s in specs], dtype=float)
