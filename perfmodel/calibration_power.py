@@ -53,6 +53,7 @@ from .architecture import Model, from_hf_config
 from .design import Design, Layout, Runtime, precision
 from .formats import COMPUTE_CLASSES
 from .hardware import Chip
+from .kvcache import profile_activation_bytes
 from .presets import get_chip, get_model
 from .serving import predict, predict_jit
 from .smooth import smooth_max
@@ -331,6 +332,13 @@ def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool 
     kv = "bf16" if first.framework.startswith("vllm") else None
     prec = precision(chip, first.model, first.weights, kv=kv)
     runtime = _runtime(first, fitted, running, zero_overhead)
+    if first.framework.startswith("vllm"):
+        # vLLM keeps its profiled activation peak out of the KV cache, not a flat reserve;
+        # rows without max_num_seqs ran vLLM's default of 256 (vllm EngineArgs).
+        seqs = jnp.where(jnp.isfinite(running), running, 256.0)
+        reserve = profile_activation_bytes(first.model, first.layout, prec,
+                                           runtime.max_batched_tokens, seqs)
+        runtime = eqx.tree_at(lambda r: r.activation_reserve, runtime, reserve)
     if overlap is not None:
         runtime = eqx.tree_at(lambda r: (r.expert_efficiency, r.pipeline_overlap), runtime,
                               (jnp.ones_like(running), overlap * jnp.ones_like(running)))

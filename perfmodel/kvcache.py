@@ -90,6 +90,69 @@ def weight_bytes_per_chip(model: Model, layout: Layout, precision: Precision,
     return (parts["attention"] + parts["dense"] + parts["experts"]) / layout.pp
 
 
+def profile_activation_bytes(model: Model, layout: Layout, precision: Precision, tokens,
+                             seqs, logit_bytes=4.0):
+    """Peak activation bytes per chip of vLLM's memory-profiling forward pass: the HBM it
+    keeps out of the KV cache besides the weights (`Runtime.activation_reserve`).
+
+    vLLM sizes its KV cache as `total HBM x gpu_memory_utilization - peak`, where `peak` is
+    the weights plus the peak of one dummy forward pass over `max_num_batched_tokens` tokens
+    and the sampler over `max_num_seqs` sequences' logits (vLLM V0
+    `vllm/worker/worker.py:Worker.determine_num_available_blocks`; V1
+    `vllm/v1/worker/gpu_worker.py:Worker.determine_available_memory`, which runs
+    `GPUModelRunner.profile_run`). The peak is set by the model's widths, so it scales with
+    the hidden size, the MLP or expert width and the vocabulary rather than being a flat
+    figure. Estimated with T `tokens`, S `seqs`, b `precision.activation_bytes`:
+
+    - inside a layer: the residual stream and normalised input (2 T D b) plus the larger of
+      the attention tensors (q, k, v and the attention output: T (2 N + 2 K) H / tp b) and
+      the MLP's (gate and up projections and the activated product, T (2 + 1) F / tp b for a
+      gated MLP, 2 T F / tp b otherwise; routed experts: vLLM's fused-MoE caches of every
+      token's `experts_per_token` copies, T k (2 + 1) F_e ep / tp b, plus the shared
+      experts' MLP);
+    - after the last layer: the hidden states (T D b) and S rows of vocabulary logits and
+      sampler probabilities in float32 (2 S V `logit_bytes`).
+
+    The peak is the larger of the two. CUDA graphs are captured after the KV cache is
+    allocated and live in the `1 - gpu_memory_utilization` slack (not counted here).
+
+    Args:
+        tokens: tokens of the profiling pass (vLLM `max_num_batched_tokens`) (tokens).
+        seqs: sequences whose logits the sampler profiles (vLLM `max_num_seqs`, at most
+            `tokens`) (sequences).
+        logit_bytes: bytes per logit (float32: 4).
+
+    Returns:
+        Bytes per chip.
+
+    Example:
+        >>> from perfmodel.presets import get_model
+        >>> from perfmodel.design import Layout, Precision
+        >>> m = get_model("llama-3.1-8b")   # D 4096, F 14336, V 128256
+        >>> p = Precision(weight_bytes=2.0, expert_bytes=2.0, kv_bytes=2.0,
+        ...               activation_bytes=2.0, weight_compute=[0., 0., 1., 0.],
+        ...               expert_compute=[0., 0., 1., 0.], attention_compute=[0., 0., 1., 0.])
+        >>> round(float(profile_activation_bytes(m, Layout(tp=1), p, 8192, 256)) / 1e9, 2)
+        0.84
+    """
+    tokens = jnp.asarray(tokens, dtype=float)
+    seqs = jnp.minimum(jnp.asarray(seqs, dtype=float), tokens)
+    b = jnp.asarray(precision.activation_bytes, dtype=float)
+    D, H = model.hidden, model.head_dim
+    tp = layout.tp
+    attention = (2 * model.num_heads + 2 * model.num_kv_heads) * H / tp
+    live = 3 if model.gated_mlp else 2
+    mlp = live * model.dense_ffn / tp if model.num_dense_layers else 0.0
+    if model.is_moe:
+        expert_tp = tp / max(layout.ep, 1)
+        experts = model.experts_per_token * live * model.moe_ffn / expert_tp \
+            + model.num_shared_experts * live * model.moe_ffn / tp
+        mlp = max(mlp, experts)
+    layer = tokens * b * (2 * D + max(attention, mlp))
+    head = tokens * b * D + 2.0 * seqs * model.vocab * logit_bytes
+    return jnp.maximum(layer, head)
+
+
 def kv_capacity_per_chip(chip_capacity, weight_bytes, memory_fraction, activation_reserve):
     """HBM bytes left for KV cache on a chip (may be negative: the model does not fit)."""
     return chip_capacity * memory_fraction - weight_bytes - activation_reserve
