@@ -222,17 +222,11 @@ def infer(chip: Chip, targets: list[dict], workload: Workload, steps: int = 60,
         steps, learning_rate: Adam settings (log space).
 
     Returns:
-        (inferred chip, {"values": {path: value}, "loss": final, "result": 0 or 1}).
+        (inferred chip, {"values": {path: value}, "loss": final, "result": 0 converged, 1 step
+        limit, 2 stopped at a non-finite loss or gradient}).
     """
     start = {p: jnp.log(jnp.asarray(_get(chip, p), dtype=float)) for p in INFERRED}
     runtime = default_runtime(chip)
-
-    def target_loss(logs, t):
-        c = _set(chip, {p: jnp.exp(v) for p, v in logs.items()})
-        kw, e2e = _peak_metrics(t["model"], c, t["layout"], workload, runtime,
-                                t["concurrency"])
-        return ((jnp.log(kw / t["baseline_kw"]) - jnp.log(t["reported_kw"])) ** 2
-                + (jnp.log(t["baseline_e2e"] / e2e) - jnp.log(t["reported_e2e"])) ** 2)
 
     def penalty(logs):
         # Weak pull to the reported specs; efficiency fractions kept at or below 1.
@@ -241,18 +235,21 @@ def infer(chip: Chip, targets: list[dict], workload: Workload, steps: int = 60,
         return prior + 10.0 * over
 
     # One compiled gradient per model (a joint trace of all models compiles far slower).
-    grads_of = [eqx.filter_jit(jax.value_and_grad(functools.partial(target_loss, t=t)))
-                for t in targets]
+    grads_of = [_value_and_forward_grad(functools.partial(
+        _target_loss, t=t, chip=chip, workload=workload, runtime=runtime)) for t in targets]
     penalty_grad = jax.jit(jax.value_and_grad(penalty))
     optimizer = optax.adam(learning_rate)
     logs, state = start, optimizer.init(start)
-    history = []
+    history, result = [], None
     for _ in range(steps):
         value, grads = penalty_grad(logs)
         for grad_of in grads_of:
             v, g = grad_of(logs)
             value = value + v
             grads = jax.tree.map(jnp.add, grads, g)
+        if not all(bool(jnp.isfinite(x)) for x in jax.tree.leaves((value, grads))):
+            result = 2      # keep the last finite parameters; never a silent NaN
+            break
         updates, state = optimizer.update(grads, state, logs)
         logs = optax.apply_updates(logs, updates)
         history.append(float(value))
@@ -260,8 +257,35 @@ def infer(chip: Chip, targets: list[dict], workload: Workload, steps: int = 60,
     for p in INFERRED:
         if p.startswith("efficiency"):
             values[p] = min(values[p], 1.0)
-    result = 0 if len(history) > 10 and abs(history[-10] - history[-1]) < 1e-3 else 1
-    return _set(chip, values), {"values": values, "loss": history[-1], "result": result}
+    if result is None:
+        result = 0 if len(history) > 10 and abs(history[-10] - history[-1]) < 1e-3 else 1
+    loss = history[-1] if history else float("nan")
+    return _set(chip, values), {"values": values, "loss": loss, "result": result}
+
+
+def _target_loss(logs, t, chip, workload, runtime):
+    """Squared log misses of one model's reported ratios (per kW at peak, E2E) by `chip`
+    with the `INFERRED` parameters at exp(`logs`)."""
+    c = _set(chip, {p: jnp.exp(v) for p, v in logs.items()})
+    kw, e2e = _peak_metrics(t["model"], c, t["layout"], workload, runtime, t["concurrency"])
+    return ((jnp.log(kw / t["baseline_kw"]) - jnp.log(t["reported_kw"])) ** 2
+            + (jnp.log(t["baseline_e2e"] / e2e) - jnp.log(t["reported_e2e"])) ** 2)
+
+
+def _value_and_forward_grad(fun):
+    """`fun(logs)` and its gradient by forward mode, compiled: four parameters make four
+    tangents, and reverse mode through the serving model gave NaN gradients of HBM
+    capacity and slice count under jit at some points where eager and forward mode are
+    finite (XLA:CPU)."""
+    def both(logs):
+        value = fun(logs)
+        return value, value
+
+    def call(logs):
+        grads, value = jax.jacfwd(both, has_aux=True)(logs)
+        return value, grads
+
+    return eqx.filter_jit(call)
 
 
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,

@@ -1,11 +1,17 @@
 """The Jalapeno comparison: reported claims, ratio definitions, modes and the CLI."""
 
+import functools
 import json
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from perfmodel import compare as cmp
 from perfmodel.cli import main
+from perfmodel.presets import get_chip
+from perfmodel.workload import Workload
 
 
 def test_reported_ratios_match_claims_file():
@@ -74,3 +80,28 @@ def test_cli_acceptance_reported_json(capsys):
     for r in rows:
         assert r["chip"] == "jalapeno"
         assert r["reported_ratio_tok_s_per_kw_at_peak"] > 1.0
+
+
+def test_inferred_fit_gradients_finite_where_reverse_mode_was_not():
+    """Regression: at this point of the inferred fit (gpt-oss-120b, one TP1 replica at its
+    peak concurrency, Jalapeno with these parameters) reverse-mode gradients of HBM
+    capacity and slice count were NaN under jit (eager finite), which stopped `perfmodel
+    compare` on defaults. The forward-mode gradient `infer` uses is finite and agrees with
+    eager reverse mode."""
+    chip, workload = get_chip("jalapeno"), Workload(8192.0, 1024.0)
+    target = {"model": "gpt-oss-120b", "layout": cmp._layout_of("tp1"), "concurrency": 647.0,
+              "baseline_kw": 86_000.0, "baseline_e2e": 70.0, "reported_kw": 1.9,
+              "reported_e2e": 1.7}
+    logs = {"efficiency.bandwidth_max": jnp.asarray(-0.22550621297999932),
+            "efficiency.compute_max": jnp.asarray(-0.71769600127154),
+            "hbm_capacity": jnp.asarray(26.03940786866443),
+            "num_slices": jnp.asarray(2.205795519070942)}
+    loss = functools.partial(cmp._target_loss, t=target, chip=chip, workload=workload,
+                             runtime=cmp.default_runtime(chip))
+    value, grads = cmp._value_and_forward_grad(loss)(logs)
+    eager = jax.grad(loss)(logs)
+    assert np.isfinite(float(value))
+    for key in logs:
+        assert np.isfinite(float(grads[key])), key
+        np.testing.assert_allclose(float(grads[key]), float(eager[key]), rtol=1e-6,
+                                   atol=1e-12)
