@@ -27,7 +27,8 @@ the fraction of TDP each unit would draw running alone at its peak. Chips never 
 
 The same fit sets the serving engines' time terms that only these measurements see (per
 runtime: host time per step and per running sequence, the expert kernels' efficiency and
-the pipeline overlap of `design.Runtime`): J per token is power times time, so a
+the pipeline overlap of `design.Runtime`; per runtime and chip family: its kernels'
+efficiency): J per token is power times time, so a
 throughput the model gets wrong is a J/token it gets wrong.
 """
 
@@ -305,7 +306,8 @@ def row_spec(row: dict, index: int = 0) -> tuple[RowSpec | None, str]:
 # Serving-model evaluation of a group of rows (same model, chip, layout, formats).
 
 
-def _runtime(spec: RowSpec, fitted: dict, max_running, zero_overhead: bool = False) -> Runtime:
+def _runtime(spec: RowSpec, fitted: dict, max_running, zero_overhead: bool = False,
+             family: str = "") -> Runtime:
     entry = fitted.get("runtimes", {}).get(spec.framework, {})
     kw = dict(max_running=max_running, framework=spec.framework)
     if zero_overhead:
@@ -317,13 +319,16 @@ def _runtime(spec: RowSpec, fitted: dict, max_running, zero_overhead: bool = Fal
     for name in ("expert_efficiency", "pipeline_overlap"):
         if name in entry:
             kw[name] = entry[name] * jnp.ones_like(max_running)
+    # Per chip family; a family the fit did not see runs the latency fit's kernels (1).
+    kernel = entry.get("kernel_efficiency", {}).get(family, 1.0)
+    kw["kernel_efficiency"] = kernel * jnp.ones_like(max_running)
     return Runtime(**kw)
 
 
 def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool = False,
             overlap: float | None = None):
     """Design and workload of a group of rows. `overlap` given: the feature evaluation's
-    reference engine (expert kernels at full speed, that pipeline overlap), from which the
+    reference engine (all kernels at full speed, that pipeline overlap), from which the
     fit's reduced model adds the fitted engine terms back."""
     first = specs[0]
     conc = jnp.asarray([s.concurrency for s in specs], dtype=float)
@@ -331,7 +336,7 @@ def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool 
     # vLLM keeps the KV cache in the model's dtype unless told otherwise.
     kv = "bf16" if first.framework.startswith("vllm") else None
     prec = precision(chip, first.model, first.weights, kv=kv)
-    runtime = _runtime(first, fitted, running, zero_overhead)
+    runtime = _runtime(first, fitted, running, zero_overhead, chip.family)
     if first.framework.startswith("vllm"):
         # vLLM keeps its profiled activation peak out of the KV cache, not a flat reserve;
         # rows without max_num_seqs ran vLLM's default of 256 (vllm EngineArgs).
@@ -340,8 +345,9 @@ def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool 
                                            runtime.max_batched_tokens, seqs)
         runtime = eqx.tree_at(lambda r: r.activation_reserve, runtime, reserve)
     if overlap is not None:
-        runtime = eqx.tree_at(lambda r: (r.expert_efficiency, r.pipeline_overlap), runtime,
-                              (jnp.ones_like(running), overlap * jnp.ones_like(running)))
+        runtime = eqx.tree_at(
+            lambda r: (r.expert_efficiency, r.kernel_efficiency, r.pipeline_overlap), runtime,
+            (jnp.ones_like(running), jnp.ones_like(running), overlap * jnp.ones_like(running)))
     design = Design(concurrency=conc, layout=first.layout, precision=prec, runtime=runtime)
     ratio = jnp.asarray([1.0 if s.isl_assumed else 0.8 for s in specs], dtype=float)
     workload = Workload(input_len=jnp.asarray([s.isl for s in specs], dtype=float),
@@ -450,7 +456,7 @@ RUNTIMES = ("vllm", "vllm-2024")
 #: decide).
 PRIOR = {"flop": 0.71, "hbm": 0.29, "link": 0.026, "active": 0.1, "idle": 0.15,
          "step_overhead": 1e-3, "seq_overhead": 2e-5, "expert_efficiency": 0.9,
-         "pipeline_overlap": 0.9}
+         "pipeline_overlap": 0.9, "kernel_efficiency": 0.9}
 
 
 class PowerParams(eqx.Module):
@@ -468,6 +474,10 @@ class PowerParams(eqx.Module):
     logit_engine: jnp.ndarray
     """logit (expert-kernel efficiency, pipeline overlap) per runtime (`design.Runtime`),
     shape (len(RUNTIMES), 2)."""
+    logit_kernel: jnp.ndarray
+    """logit of the kernel efficiency (`design.Runtime.kernel_efficiency`) per runtime and
+    chip family, shape (len(RUNTIMES), len(FAMILIES)); other families run the latency
+    fit's kernels (1)."""
 
     @staticmethod
     def prior() -> PowerParams:
@@ -478,9 +488,12 @@ class PowerParams(eqx.Module):
                                    len(RUNTIMES)))
         engine = jnp.asarray([[PRIOR["expert_efficiency"], PRIOR["pipeline_overlap"]]]
                              * len(RUNTIMES))
+        kernel = PRIOR["kernel_efficiency"]
         return PowerParams(log_fraction=base, logit_idle=jnp.asarray(idle),
                            family_delta=jnp.zeros((len(FAMILIES), 5)), log_overheads=over,
-                           logit_engine=jnp.log(engine / (1.0 - engine)))
+                           logit_engine=jnp.log(engine / (1.0 - engine)),
+                           logit_kernel=jnp.full((len(RUNTIMES), len(FAMILIES)),
+                                                 math.log(kernel / (1.0 - kernel))))
 
 
 class Batch(eqx.Module):
@@ -509,8 +522,9 @@ def reduced_predict(params: PowerParams, batch: Batch, sharpness=24.0, hard: boo
     its features: the serving model's power and throughput, with the coefficients,
     idle fraction, host overheads, expert-kernel efficiency and pipeline overlap of `params`.
 
-    The engine stretches the zero-overhead step `t0` to `t0 + t_e (1 / eta - 1) + s0 +
-    s1 B` (`t_e` the routed experts' time, `eta` their efficiency); the TDP cap
+    The engine stretches the zero-overhead step `t0` to `(t0 + t_e (1 / eta - 1)) / kappa +
+    s0 + s1 B` (`t_e` the routed experts' time, `eta` their efficiency, `kappa` the kernel
+    efficiency of the runtime on the row's chip family); the TDP cap
     (`power.apply_power_cap`) stretches it further by `max(1, P_dyn / (TDP - P_idle))`. With
     pipeline stages every row quantity is interpolated between one micro-batch in flight
     and all stages busy, linearly in the micro-batch size `B / (1 + overlap (pp - 1))`.
@@ -525,6 +539,8 @@ def reduced_predict(params: PowerParams, batch: Batch, sharpness=24.0, hard: boo
     known = batch.runtime >= 0
     over = jnp.where(known[:, None], jnp.exp(params.log_overheads[run]), 0.0)
     engine = jnp.where(known[:, None], jax.nn.sigmoid(params.logit_engine[run]), 1.0)
+    kernel = jnp.where(known & (batch.family >= 0),
+                       jax.nn.sigmoid(params.logit_kernel[run, fam]), 1.0)
     # Pipeline: weight of the one-in-flight end, linear in the micro-batch size.
     in_flight = 1.0 + engine[:, 1] * (batch.pp - 1.0)
     w = jnp.where(batch.pp > 1, (1.0 / in_flight - 1.0 / batch.pp)
@@ -537,7 +553,7 @@ def reduced_predict(params: PowerParams, batch: Batch, sharpness=24.0, hard: boo
     features = lerp(batch.features, s_features)
     step0 = lerp(batch.step, s_step)
     tokens = lerp(batch.tok_s * batch.step, s_tok_s * s_step)
-    busy = step0 + lerp(batch.experts, s_experts) * (1.0 / engine[:, 0] - 1.0)
+    busy = (step0 + lerp(batch.experts, s_experts) * (1.0 / engine[:, 0] - 1.0)) / kernel
     # The active-power column (J per token per W = busy seconds per token) stretches with
     # the kernels' time; the work columns do not.
     stretch = jnp.concatenate([jnp.ones_like(features[:, :-1]), (busy / step0)[:, None]], 1)
@@ -565,7 +581,9 @@ def _loss(params: PowerParams, batch: Batch, weights):
            + 1e-3 * jnp.sum((params.log_overheads - prior.log_overheads) ** 2)
            # Each engine term is seen by few rows (17 pipelined ones): a prior as weak as
            # their share of the mean data loss lets them speak.
-           + 1e-5 * jnp.sum((params.logit_engine - prior.logit_engine) ** 2))
+           + 1e-5 * jnp.sum((params.logit_engine - prior.logit_engine) ** 2)
+           # Kernel efficiencies: weak priors (each seen by tens to hundreds of rows).
+           + 1e-4 * jnp.sum((params.logit_kernel - prior.logit_kernel) ** 2))
     return data + reg
 
 
@@ -654,9 +672,13 @@ def to_fitted(params: PowerParams, chips: dict[str, Chip], holdout: str | None =
                             "reference_chip": chips[family].name}
     over = np.exp(np.asarray(params.log_overheads))
     engine = np.asarray(jax.nn.sigmoid(params.logit_engine))
+    kernel = np.asarray(jax.nn.sigmoid(params.logit_kernel))
     runtimes = {name: {"step_overhead": float(over[i, 0]), "seq_overhead": float(over[i, 1]),
                        "expert_efficiency": float(engine[i, 0]),
-                       "pipeline_overlap": float(engine[i, 1])}
+                       "pipeline_overlap": float(engine[i, 1]),
+                       "kernel_efficiency": {fam: float(kernel[i, j])
+                                             for j, fam in enumerate(FAMILIES)
+                                             if fam != holdout and fam in chips}}
                 for i, name in enumerate(RUNTIMES)}
     return {"version": 1, "families": families, "generic": generic, "runtimes": runtimes}
 

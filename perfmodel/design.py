@@ -303,6 +303,12 @@ class Runtime(eqx.Module):
     Grouped-GEMM MoE kernels that gather tokens per expert (vLLM's fused_moe) run below
     dense-GEMM bandwidth at small per-expert batches; 1 for engines the latency fit
     describes (dimensionless)."""
+    kernel_efficiency: jnp.ndarray = eqx.field(converter=_array, default=1.0)
+    """Speed of the engine's kernels (matmuls, attention, collectives) relative to those
+    of the engines the chip's fitted efficiencies describe, in (0, 1]: the step's busy
+    time (operators and collectives, not host overhead) is divided by it. An engine whose
+    kernels for a chip generation are less tuned runs below them; 1 for engines the
+    latency fit describes (dimensionless)."""
     pipeline_overlap: jnp.ndarray = eqx.field(converter=_array, default=1.0)
     """How far the engine overlaps micro-batches across pipeline stages, in [0, 1]: the
     running batch is split into `1 + overlap (pp - 1)` micro-batches in flight (1: every

@@ -293,7 +293,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
     """Time and work of one engine step on one chip (see `operators` for the arguments).
 
     The step also pays the runtime's `step_overhead` and the collectives between chips; the
-    routed experts run at the runtime's `expert_efficiency`.
+    routed experts run at the runtime's `expert_efficiency`, and all kernels (collectives
+    included) at its `kernel_efficiency`.
     Pipeline stages (`layout.pp`) split layers: a micro-batch crosses every stage, so the step
     time is that of all layers on one chip's share of weights, plus the stage hand-offs.
 
@@ -320,6 +321,9 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
     tokens = jnp.asarray(decode_seqs, dtype=float) * (1.0 + design.speculative.draft_tokens) \
         + jnp.asarray(prefill_tokens, dtype=float)
     comm, sent = _communication(model, chip, design, layout, tokens)
+    kernel = design.runtime.kernel_efficiency
+    times = [t / kernel for t in times]
+    comm = comm / kernel
     busy = sum(times) + comm
     total = busy + design.runtime.step_overhead \
         + design.runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float)

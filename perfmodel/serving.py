@@ -287,6 +287,9 @@ def _check_values(workload: Workload, design: Design, chip: Chip):
     out.append(eqx.error_if(rt.expert_efficiency,
                             ~((rt.expert_efficiency > 0) & (rt.expert_efficiency <= 1)),
                             "design.runtime.expert_efficiency must lie in (0, 1]"))
+    out.append(eqx.error_if(rt.kernel_efficiency,
+                            ~((rt.kernel_efficiency > 0) & (rt.kernel_efficiency <= 1)),
+                            "design.runtime.kernel_efficiency must lie in (0, 1]"))
     out.append(eqx.error_if(rt.pipeline_overlap,
                             ~((rt.pipeline_overlap >= 0) & (rt.pipeline_overlap <= 1)),
                             "design.runtime.pipeline_overlap must lie in [0, 1]"))
@@ -335,8 +338,9 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
             lambda w: (w.input_len, w.output_len, w.input_range_ratio, w.output_range_ratio),
             workload, (checked[0], checked[1], checked[5], checked[6]))
         design = eqx.tree_at(lambda d: (d.concurrency, d.runtime.expert_efficiency,
+                                        d.runtime.kernel_efficiency,
                                         d.runtime.pipeline_overlap), design,
-                             (checked[2], checked[7], checked[8]))
+                             (checked[2], checked[7], checked[8], checked[9]))
         chip = eqx.tree_at(lambda c: (c.hbm_bandwidth, c.peak_flops), chip,
                            (checked[3], checked[4]))
     concurrency = design.concurrency

@@ -89,7 +89,15 @@ INVALID = {
     "output_len": (lambda a: a[2].output_len, "workload.output_len"),
     "hbm_bandwidth": (lambda a: a[1].hbm_bandwidth, "chip.hbm_bandwidth"),
     "input_range_ratio": (lambda a: a[2].input_range_ratio, "range ratios"),
+    # (The experts' efficiency only enters a MoE model's step: see KIND.)
+    "expert_efficiency": (lambda a: a[3].runtime.expert_efficiency,
+                          "runtime.expert_efficiency"),
+    "kernel_efficiency": (lambda a: a[3].runtime.kernel_efficiency,
+                          "runtime.kernel_efficiency"),
+    "pipeline_overlap": (lambda a: a[3].runtime.pipeline_overlap, "runtime.pipeline_overlap"),
 }
+#: The case each field is checked on (default "dense").
+KIND = {"expert_efficiency": "moe"}
 bad_values = {
     "concurrency": st.one_of(st.floats(-1e6, 0.0), st.just(float("nan")),
                              st.just(float("inf"))),
@@ -98,6 +106,13 @@ bad_values = {
     "hbm_bandwidth": st.one_of(st.floats(-1e12, 0.0), st.just(float("nan"))),
     "input_range_ratio": st.one_of(st.floats(-2.0, 0.0), st.just(float("nan")),
                                    st.floats(1.0, 10.0, exclude_min=True)),
+    "expert_efficiency": st.one_of(st.floats(-2.0, 0.0), st.just(float("nan")),
+                                   st.floats(1.0, 10.0, exclude_min=True)),
+    "kernel_efficiency": st.one_of(st.floats(-2.0, 0.0), st.just(float("nan")),
+                                   st.floats(1.0, 10.0, exclude_min=True)),
+    "pipeline_overlap": st.one_of(st.floats(-2.0, 0.0, exclude_max=True),
+                                  st.just(float("nan")),
+                                  st.floats(1.0, 10.0, exclude_min=True)),
 }
 
 
@@ -106,7 +121,7 @@ bad_values = {
 def test_invalid_values_raise_equinox_runtime_error(data, field, jitted):
     value = data.draw(bad_values[field])
     where, message = INVALID[field]
-    args = eqx.tree_at(where, case("dense"), arr(value))
+    args = eqx.tree_at(where, case(KIND.get(field, "dense")), arr(value))
     fn = pm.predict_jit if jitted else pm.predict
     with pytest.raises(eqx.EquinoxRuntimeError, match=message):
         fn(*args)

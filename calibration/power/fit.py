@@ -158,7 +158,10 @@ def markdown(r):
         lines.append(f"- runtime {name}: {v['step_overhead'] * 1e3:.2f} ms per step + "
                      f"{v['seq_overhead'] * 1e6:.1f} us per running sequence; expert "
                      f"kernels at {v['expert_efficiency']:.2f} of dense speed; pipeline "
-                     f"overlap {v['pipeline_overlap']:.2f}")
+                     f"overlap {v['pipeline_overlap']:.2f}; kernels at "
+                     + ", ".join(f"{k:.2f} ({fam})"
+                                 for fam, k in v.get("kernel_efficiency", {}).items())
+                     + " of the latency fit's speed")
     lines += ["", "Skipped rows: " + "; ".join(f"{k} ({v})" for k, v in r["skipped"].items()),
               ""]
     return "\n".join(lines)
