@@ -40,13 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .architecture import from_hf_config
 from .datasets import GEMM_DTYPES, MTP_ACCEPTANCE, MTP_DRAFT_TOKENS, BenchRow
 from .design import Design, Disaggregated, Layout, Precision, Runtime, SpecDecode, precision
 from .formats import COMPUTE_CLASSES
 from .hardware import Chip
 from .interconnect import collective_time
-from .presets import chip_key, get_chip, get_model
+from .presets import chip_key, find_model, get_chip
 from .roofline import Operator, operator_time
 from .serving import Metrics, predict
 from .workload import Workload
@@ -282,24 +281,12 @@ def _layout(pool) -> Layout:
 
 
 def model_of(name: str):
-    """A model preset by name, else the Hugging Face config the package ships in
-    `perfmodel/data/hf_configs/` (file named after the id, "/" as "__" or the bare name).
+    """A model preset by name, else a shipped Hugging Face config (`presets.find_model`).
 
     Raises:
         ValueError: neither exists ("unknown model ...").
     """
-    try:
-        return get_model(name)
-    except ValueError:
-        from importlib import resources
-        folder = resources.files("perfmodel").joinpath("data", "hf_configs")
-        candidates = {name.replace("/", "__"), name.split("/")[-1]}
-        if folder.is_dir():
-            for entry in folder.iterdir():
-                stem = entry.name[:-5] if entry.name.endswith(".json") else ""
-                if stem and stem.lower() in {c.lower() for c in candidates}:
-                    return from_hf_config(json.loads(entry.read_text()), name=name)
-        raise
+    return find_model(name)
 
 
 def build_groups(rows: Sequence[BenchRow]) -> tuple[list[Group], dict[int, str]]:

@@ -34,7 +34,6 @@ throughput the model gets wrong is a J/token it gets wrong.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import functools
@@ -50,12 +49,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .architecture import Model, from_hf_config
+from .architecture import Model
 from .design import Design, Layout, Runtime, precision
 from .formats import COMPUTE_CLASSES
 from .hardware import Chip
 from .kvcache import profile_activation_bytes
-from .presets import get_chip, get_model
+from .presets import find_model, get_chip
 from .serving import predict, predict_jit
 from .smooth import smooth_max
 from .workload import Workload
@@ -200,33 +199,18 @@ def _float(row: dict, key: str):
         return None
 
 
-@functools.cache
-def _hf_config_names() -> dict[str, str]:
-    folder = resources.files("perfmodel").joinpath("data", "hf_configs")
-    if not folder.is_dir():
-        return {}
-    return {p.name[:-5].lower(): p.name for p in folder.iterdir() if p.name.endswith(".json")}
-
-
-@functools.cache
 def resolve_model(name: str) -> Model | None:
-    """A model by Hugging Face id: a preset, else a shipped HF config, else None.
+    """A model by Hugging Face id: a preset, else a shipped HF config
+    (`presets.find_model`), else None.
 
     Example:
         >>> resolve_model("openai/gpt-oss-120b").name, resolve_model("acme/unknown-7b")
         ('gpt-oss-120b', None)
     """
-    base = re.sub(r"\s*\(.*\)$", "", name.strip())
-    with contextlib.suppress(ValueError):   # not a preset: try a shipped HF config
-        return get_model(base)
-    names = _hf_config_names()
-    key = base.replace("/", "__").lower()
-    if key not in names:
+    try:
+        return find_model(name)
+    except ValueError:
         return None
-    path = resources.files("perfmodel").joinpath("data", "hf_configs", names[key])
-    config = json.loads(path.read_text())
-    config.pop("_source", None)
-    return from_hf_config(config, name=base)
 
 
 def _layout(model: Model, parallelism: str, num_gpus: int) -> Layout:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import json
 import re
 from importlib import resources
 
@@ -266,6 +267,45 @@ def get_model(name: str) -> Model:
         ('mla', 671)
     """
     return _build_model(model_key(name))
+
+
+@functools.cache
+def _hf_config_files() -> dict[str, str]:
+    folder = resources.files("perfmodel").joinpath("data", "hf_configs")
+    if not folder.is_dir():
+        return {}
+    return {p.name[:-5].lower(): p.name for p in folder.iterdir() if p.name.endswith(".json")}
+
+
+@functools.cache
+def find_model(name: str) -> Model:
+    """A model preset by name, else the Hugging Face config the package ships in
+    `perfmodel/data/hf_configs/` (file named after the Hugging Face id with "/" as "__";
+    case-insensitive; a trailing parenthetical such as "(GPT-J 6B, ...)" is ignored).
+
+    Raises:
+        ValueError: neither exists ("unknown model ...").
+
+    Example:
+        >>> find_model("openai/gpt-oss-120b").name, find_model("bigcode/starcoder2-15b").name
+        ('gpt-oss-120b', 'bigcode/starcoder2-15b')
+    """
+    base = re.sub(r"\s*\(.*\)$", "", name.strip())
+    try:
+        return get_model(base)
+    except ValueError:
+        pass
+    files = _hf_config_files()
+    key = base.replace("/", "__").lower()
+    if key not in files:
+        raise ValueError(f"unknown model {name!r}: no preset and no shipped Hugging Face "
+                         f"config (add its config.json, with a _source key, to "
+                         f"perfmodel/data/hf_configs/ as {base.replace('/', '__')}.json)")
+    from .architecture import from_hf_config
+    config = json.loads(resources.files("perfmodel").joinpath(
+        "data", "hf_configs", files[key]).read_text())
+    config.pop("_source", None)
+    return from_hf_config(config, name=base)
 
 
 def model_info(name: str) -> dict:
