@@ -8,6 +8,7 @@ published Hugging Face configurations (with `source`).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import json
@@ -291,10 +292,8 @@ def find_model(name: str) -> Model:
         ('gpt-oss-120b', 'bigcode/starcoder2-15b')
     """
     base = re.sub(r"\s*\(.*\)$", "", name.strip())
-    try:
+    with contextlib.suppress(ValueError):     # not a preset: try a shipped config
         return get_model(base)
-    except ValueError:
-        pass
     files = _hf_config_files()
     key = base.replace("/", "__").lower()
     if key not in files:
