@@ -134,17 +134,12 @@ class Targets(eqx.Module):
     usd_per_kwh: jnp.ndarray = eqx.field(converter=_array, default=0.0)
     """Electricity price applied to modeled chip power ($/kWh), for `usd_per_mtok`."""
 
-    def limits(self):
-        """Limits in `CONSTRAINTS` order (memory's is 1: its g is an excess already)."""
-        one = jnp.ones(())
-        return jnp.stack([self.max_tpot, self.max_ttft, self.max_e2e, self.max_power, one,
-                          self.max_quality_loss])
-
-
-def _host_limits(tgt: Targets) -> np.ndarray:
-    """`tgt.limits()` as a host array, without dispatching device operations."""
-    return np.array([float(tgt.max_tpot), float(tgt.max_ttft), float(tgt.max_e2e),
-                     float(tgt.max_power), 1.0, float(tgt.max_quality_loss)])
+    def limits(self, xp=jnp):
+        """Limits in `CONSTRAINTS` order (memory's is 1: its g is an excess already);
+        `xp=numpy` gives them as a host array without dispatching device operations."""
+        return xp.stack([xp.asarray(x, dtype=float) for x in (
+            self.max_tpot, self.max_ttft, self.max_e2e, self.max_power, 1.0,
+            self.max_quality_loss)])
 
 
 def targets(*, max_tpot_ms=None, min_interactivity=None, max_ttft_ms=None, max_e2e_s=None,
@@ -1181,7 +1176,7 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
                   "temperature": schedule[:inner * blocks].tolist()}
 
     described = _describe(space, chip, layout, index)
-    limits = _host_limits(tgt)
+    limits = tgt.limits(np)
     lam = branch["lam"][si]
     multipliers = {}
     for i, name in enumerate(CONSTRAINTS):
