@@ -462,23 +462,31 @@ def _runtime(chip: Chip) -> Runtime:
     return Runtime(activation_reserve=jnp.minimum(4e9, 0.1 * chip.hbm_capacity))
 
 
-def _materialize(chip: Chip, layout, tables: _Tables, choice: Choice):
+def _materialize(chip: Chip, layout, tables: _Tables, choice: Choice, vectorize=False):
+    def mix(probabilities, table):
+        """`probabilities @ table`; vectorized, as a multiply and a sum, which XLA:CPU
+        fuses with their neighbours (a tiny `dot` is a library call of its own)."""
+        if not vectorize:
+            return probabilities @ table
+        p = probabilities if table.ndim == 1 else probabilities[..., None]
+        return jnp.sum(p * table, axis=-table.ndim)
+
     prec = Precision(
-        weight_bytes=choice.weights @ tables.weight_bytes,
-        expert_bytes=choice.experts @ tables.expert_bytes,
-        kv_bytes=choice.kv @ tables.kv_bytes, activation_bytes=FORMAT_BYTES["bf16"],
-        weight_compute=choice.weights @ tables.weight_compute,
-        expert_compute=choice.experts @ tables.expert_compute,
-        attention_compute=choice.kv @ tables.attention_compute)
-    mapping = SliceMapping(attention=choice.attention_placement @ tables.attention_placement,
-                           dense=choice.dense_placement @ tables.dense_placement,
-                           experts=choice.expert_placement @ tables.expert_placement,
-                           kv=choice.kv_placement @ tables.kv_placement)
+        weight_bytes=mix(choice.weights, tables.weight_bytes),
+        expert_bytes=mix(choice.experts, tables.expert_bytes),
+        kv_bytes=mix(choice.kv, tables.kv_bytes), activation_bytes=FORMAT_BYTES["bf16"],
+        weight_compute=mix(choice.weights, tables.weight_compute),
+        expert_compute=mix(choice.experts, tables.expert_compute),
+        attention_compute=mix(choice.kv, tables.attention_compute))
+    mapping = SliceMapping(attention=mix(choice.attention_placement, tables.attention_placement),
+                           dense=mix(choice.dense_placement, tables.dense_placement),
+                           experts=mix(choice.expert_placement, tables.expert_placement),
+                           kv=mix(choice.kv_placement, tables.kv_placement))
     design = Design(concurrency=choice.concurrency, layout=layout, precision=prec,
                     mapping=mapping, runtime=_runtime(chip))
     capped = eqx.tree_at(lambda c: c.tdp, chip, choice.power_cap)
-    quality = (choice.weights @ tables.quality_weights
-               + choice.experts @ tables.quality_experts + choice.kv @ tables.quality_kv)
+    quality = (mix(choice.weights, tables.quality_weights)
+               + mix(choice.experts, tables.quality_experts) + mix(choice.kv, tables.quality_kv))
     return capped, design, quality
 
 
@@ -497,17 +505,20 @@ def _objective_value(objective: str, metrics: Metrics, tgt: Targets):
 
 def evaluate(model: Model, chip: Chip, workload: Workload, layout, tables: _Tables,
              choice: Choice, tgt: Targets, objective: str, sharpness=DEFAULT_SHARPNESS,
-             hard: bool = False):
+             hard: bool = False, vectorize: bool = False):
     """Objective, constraint vector and metrics of one (relaxed or hard) design point.
+
+    `vectorize` (static) selects `predict`'s evaluation order: True for single designs
+    (the gradient steps), False under a wide vmap (enumeration); the numbers agree.
 
     Returns:
         (score, g, metrics, value): `score` is log(objective) for objectives to maximize and
         -log(objective) for costs (larger is better either way); `g` has one dimensionless
         entry per `CONSTRAINTS` (<= 0 is feasible); `value` the objective in its units.
     """
-    capped, design, quality = _materialize(chip, layout, tables, choice)
+    capped, design, quality = _materialize(chip, layout, tables, choice, vectorize)
     metrics = predict(model, capped, workload, design, sharpness=sharpness, hard=hard,
-                      check=False)
+                      check=False, vectorize=vectorize)
     value = _objective_value(objective, metrics, tgt)
     sign = 1.0 if OBJECTIVES[objective][1] else -1.0
     score = sign * jnp.log(jnp.maximum(value, 1e-300))
@@ -589,7 +600,7 @@ def relaxed_evaluate(model: Model, chip: Chip, workload: Workload, layout, space
     tables = _tables(space, chip)
     score, g, metrics, _ = evaluate(model, chip, workload, layout, tables,
                                     params.choice(tables, temperature), tgt, objective,
-                                    sharpness)
+                                    sharpness, vectorize=True)
     return score, g, metrics
 
 
@@ -640,9 +651,9 @@ def _search_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
     lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the violation does not halve.
 
     Gradients are forward mode (`jax.jacfwd` over the flattened parameters): the design has
-    about 20 continuous variables and the model thousands of scalar operations, so one
-    vectorized tangent pass costs about half of a reverse pass on CPU (and compiles in half
-    the time).
+    about 20 continuous variables, so one vectorized tangent pass through the model costs
+    about half of a reverse pass on CPU (and compiles in half the time). The model runs with
+    `vectorize=True`: XLA:CPU pays per operation, not per number, at this size.
     """
     optimizer = _optimizer(learning_rate)
 
@@ -652,7 +663,7 @@ def _search_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
         def loss(flat, lam_, mu_, temperature):
             choice = unravel(flat).choice(tables, temperature)
             score, g, _, _ = evaluate(model, chip, workload, layout, tables, choice, tgt,
-                                      objective, sharpness)
+                                      objective, sharpness, vectorize=True)
             return _augmented_loss(score, g, lam_, mu_), (score, g)
 
         def block(carry, temps):
@@ -679,7 +690,7 @@ def _search_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
         p = unravel(flat)
         choice = p.choice(tables, temperatures[-1, -1])
         score, g, metrics, value = evaluate(model, chip, workload, layout, tables, choice,
-                                            tgt, objective, sharpness)
+                                            tgt, objective, sharpness, vectorize=True)
         final_loss = _augmented_loss(score, g, lams[-1], mus[-1])
         return p, lam_out, (scores.reshape(-1), gs.reshape(-1, g.shape[-1])), (
             final_loss, score, g, metrics, value)
@@ -791,7 +802,7 @@ def _harden(params, chip, workload, tables, tgt, moves, max_iterations, *, model
     s, g = jax.lax.cond(improved, lambda: hard(around(current))[:2], lambda: last)
     score, g_final, metrics, value = evaluate(model, chip, workload, layout, tables,
                                               _index_choice(tables, current), tgt, objective,
-                                              hard=True)
+                                              hard=True, vectorize=True)
     # Per constraint: the smallest violation among better-scoring neighbours (inf if none).
     better = (s > score + 1e-12)[:, None] & (g > _FEASIBLE_TOL)
     blocking = jnp.min(jnp.where(better, g, jnp.inf), axis=0)

@@ -16,7 +16,9 @@ DeepSeek-V3 (arXiv 2412.19437) for MLA, with weight absorption at decode.
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .architecture import Model
 from .design import Design, Layout
@@ -257,21 +259,32 @@ def _communication(model: Model, chip: Chip, design: Design, layout: Layout, tok
     return time, sent
 
 
-def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip,
-                  sharpness=DEFAULT_SHARPNESS, hard: bool = False):
-    """Seconds of one operator on one chip: smooth max of compute, memory and slice-fabric
-    time, plus per-kernel overhead."""
+_FIELDS = ("flops", "weight_bytes", "kv_bytes", "activation_bytes", "rows", "compute_mix",
+           "kernels", "fabric_rows")
+
+
+def stack_operators(ops) -> Operator:
+    """`ops` as one `Operator` whose fields carry a leading operator axis (each field
+    broadcast across the operators first), to run them through `jax.vmap`."""
+    fields = {name: jnp.stack(jnp.broadcast_arrays(
+        *[jnp.asarray(getattr(op, name), dtype=float) for op in ops])) for name in _FIELDS}
+    return Operator(name="+".join(op.name for op in ops), **fields)
+
+
+def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
+                   decode_seqs_per_chip, sharpness, hard):
+    """`operator_time` with the operator's kind given as data, `attention` (bool) and the
+    placement of its weights `weight_map`, so that `jax.vmap` can run a stack of operators
+    through one copy of the formulas."""
     eff = chip.efficiency
     peak = jnp.sum(op.compute_mix * chip.peak_flops, axis=-1)
-    if op.name == "attention":
-        fraction = eff.attention_max * jnp.ones_like(op.rows)
-    else:
-        fraction = eff.compute_fraction(op.rows)
+    # Attention kernels reach their own ceiling; matmuls a fraction set by their rows.
+    fraction = jnp.where(attention, eff.attention_max, eff.compute_fraction(op.rows))
     compute = op.flops / (peak * jnp.maximum(fraction, 1e-6))
     # Slice mapping: interleaved reads cross the fabric; partitioned KV idles slices when
     # fewer sequences than slices run; partitioned weights reduce partial sums across slices.
     slices = chip.num_slices
-    wmap, kmap = design.mapping.weight_class(op.name), design.mapping.kv
+    wmap, kmap = weight_map, design.mapping.kv
     busy = smooth_min(jnp.maximum(decode_seqs_per_chip, 1e-3), slices,
                       sharpness=sharpness, hard=hard) / slices
     kv_slowdown = kmap[..., 0] + kmap[..., 2] + kmap[..., 1] / busy
@@ -287,10 +300,25 @@ def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip
     return core + eff.kernel_overhead * op.kernels, fabric_bytes
 
 
+def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip,
+                  sharpness=DEFAULT_SHARPNESS, hard: bool = False):
+    """Seconds of one operator on one chip: smooth max of compute, memory and slice-fabric
+    time, plus per-kernel overhead. Returns (seconds, slice-fabric bytes)."""
+    return _operator_time(op, op.name == "attention", design.mapping.weight_class(op.name),
+                          chip, design, decode_seqs_per_chip, sharpness, hard)
+
+
 def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_seqs,
               decode_context, prefill_tokens=0.0, prefill_context=0.0, prefill_seqs=0.0,
-              sharpness=DEFAULT_SHARPNESS, hard: bool = False) -> StepCost:
+              sharpness=DEFAULT_SHARPNESS, hard: bool = False,
+              vectorize: bool = False) -> StepCost:
     """Time and work of one engine step on one chip (see `operators` for the arguments).
+
+    `vectorize` (static) evaluates the operators as one stack (`stack_operators`) instead of
+    one by one: the same formulas in a few dozen array operations instead of a few hundred
+    scalar ones. That is faster where the call itself carries little data (a gradient step
+    of the optimizer: XLA:CPU pays per operation) and slower under a wide `vmap` (sweeps,
+    enumeration, fits: the stacking costs more than it saves there).
 
     The step also pays the runtime's `step_overhead` and the collectives between chips; the
     routed experts run at the runtime's `expert_efficiency`, and all kernels (collectives
@@ -311,25 +339,42 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
                     prefill_tokens, prefill_context, prefill_seqs)
     seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / (layout.tp if layout.dp_attention
                                                              else 1)
-    times, fabric = [], jnp.zeros(())
-    for op in ops:
-        t, f = operator_time(op, chip, design, seqs_per_chip, sharpness, hard)
-        if op.name == "experts":
-            t = t / design.runtime.expert_efficiency
-        times.append(t)
-        fabric = fabric + f
+    runtime = design.runtime
+    # Routed experts run at the runtime's expert efficiency; every kernel (collectives
+    # included) at its kernel efficiency.
+    if vectorize:
+        # Every operator through one copy of the formulas, vectorized over the operators.
+        def one(op, attention, experts, weight_map):
+            t, _ = _operator_time(op, attention, weight_map, chip, design, seqs_per_chip,
+                                  sharpness, hard)
+            t = t / jnp.where(experts, runtime.expert_efficiency, 1.0) \
+                / runtime.kernel_efficiency
+            energy = op.flops * jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
+            return t, energy, op.flops, op.hbm_bytes
+
+        kinds = np.asarray([(op.name == "attention", op.name == "experts") for op in ops])
+        weight_maps = jnp.stack(jnp.broadcast_arrays(
+            *[design.mapping.weight_class(op.name) for op in ops]))
+        t, energy, flops, hbm_bytes = jax.vmap(one)(stack_operators(ops), kinds[:, 0],
+                                                    kinds[:, 1], weight_maps)
+        times, operators_time = tuple(t), jnp.sum(t, axis=0)
+        energy, flops, hbm_bytes = (jnp.sum(x, axis=0) for x in (energy, flops, hbm_bytes))
+    else:
+        times = tuple(
+            operator_time(op, chip, design, seqs_per_chip, sharpness, hard)[0]
+            / (runtime.expert_efficiency if op.name == "experts" else 1.0)
+            / runtime.kernel_efficiency for op in ops)
+        operators_time = sum(times)
+        energy = sum(op.flops * jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
+                     for op in ops)
+        flops, hbm_bytes = sum(op.flops for op in ops), sum(op.hbm_bytes for op in ops)
     tokens = jnp.asarray(decode_seqs, dtype=float) * (1.0 + design.speculative.draft_tokens) \
         + jnp.asarray(prefill_tokens, dtype=float)
     comm, sent = _communication(model, chip, design, layout, tokens)
-    kernel = design.runtime.kernel_efficiency
-    times = [t / kernel for t in times]
-    comm = comm / kernel
-    busy = sum(times) + comm
-    total = busy + design.runtime.step_overhead \
-        + design.runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float)
-    flops = sum(op.flops for op in ops)
-    weighted = sum(op.flops * jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
-                   for op in ops)
-    return StepCost(time=total, flops=flops, hbm_bytes=sum(op.hbm_bytes for op in ops),
-                    link_bytes=sent, compute_energy=weighted, collective_time=comm,
-                    operator_times=tuple(times), busy_time=busy)
+    comm = comm / runtime.kernel_efficiency
+    busy = operators_time + comm
+    total = busy + runtime.step_overhead \
+        + runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float)
+    return StepCost(time=total, flops=flops, hbm_bytes=hbm_bytes, link_bytes=sent,
+                    compute_energy=energy, collective_time=comm, operator_times=times,
+                    busy_time=busy)

@@ -112,14 +112,32 @@ class _Pool(eqx.Module):
     throttle: jnp.ndarray
 
 
-def _capped_step(model, chip, design, layout, kw, sharpness, hard):
-    cost = step_cost(model, chip, design, layout, sharpness=sharpness, hard=hard, **kw)
+def _capped_step(model, chip, design, layout, kw, sharpness, hard, vectorize=False):
+    cost = step_cost(model, chip, design, layout, sharpness=sharpness, hard=hard,
+                     vectorize=vectorize, **kw)
     # A step carries one micro-batch through all pipeline stages; each stage's chip works
     # on in_flight / pp of it (all of it without a pipeline).
     share = _in_flight(layout, design.runtime) / layout.pp
     result = apply_power_cap(chip, cost.time, share * dynamic_energy(chip, cost), sharpness,
                              hard)
     return cost, result
+
+
+_STEP_ARGS = ("decode_seqs", "decode_context", "prefill_tokens", "prefill_context",
+              "prefill_seqs")
+
+
+def _capped_steps(model, chip, design, layout, kws, sharpness, hard, vectorize):
+    """`_capped_step` of several steps of one layout (one dict of `step_cost` arguments
+    each); with `vectorize`, as one `vmap` over the steps (see `step_cost`)."""
+    if not vectorize:
+        return [_capped_step(model, chip, design, layout, kw, sharpness, hard)[1]
+                for kw in kws]
+    stacked = {key: jnp.stack(jnp.broadcast_arrays(
+        *[jnp.asarray(kw.get(key, 0.0), dtype=float) for kw in kws])) for key in _STEP_ARGS}
+    _, results = jax.vmap(lambda kw: _capped_step(model, chip, design, layout, kw, sharpness,
+                                                  hard, vectorize))(stacked)
+    return [jax.tree_util.tree_map(lambda x, i=i: x[i], results) for i in range(len(kws))]
 
 
 def _in_flight(layout, runtime):
@@ -140,7 +158,8 @@ def _memory(model, chip, design, layout, context, sharpness):
     return fit, excess, soft_penalty(excess, sharpness)
 
 
-def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, hard):
+def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, hard,
+                vectorize=False):
     rt, spec = design.runtime, design.speculative
     I, O = workload.mean_input_len, workload.mean_output_len
     tau = spec.tokens_per_step
@@ -154,12 +173,15 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     chunk = smooth_max(demand, jnp.minimum(I, rt.max_batched_tokens), sharpness=sharpness,
                        hard=hard)
     frequency = jnp.minimum(demand / chunk, 1.0)
-    _, plain = _capped_step(model, chip, design, layout,
-                            dict(decode_seqs=micro, decode_context=context), sharpness, hard)
-    _, mixed = _capped_step(model, chip, design, layout,
-                            dict(decode_seqs=micro, decode_context=context,
-                                 prefill_tokens=chunk, prefill_context=I / 2.0,
-                                 prefill_seqs=chunk / I), sharpness, hard)
+    # Three steps of the same engine: decode only, decode with a prefill chunk (the mix
+    # sets TPOT and TTFT), and a burst of prompts alone (the p99 TTFT of a first wave).
+    plain, mixed, burst = _capped_steps(model, chip, design, layout, (
+        dict(decode_seqs=micro, decode_context=context),
+        dict(decode_seqs=micro, decode_context=context, prefill_tokens=chunk,
+             prefill_context=I / 2.0, prefill_seqs=chunk / I),
+        dict(decode_seqs=jnp.zeros_like(micro), decode_context=context,
+             prefill_tokens=rt.max_batched_tokens, prefill_context=I / 2.0,
+             prefill_seqs=rt.max_batched_tokens / I)), sharpness, hard, vectorize)
     step = plain.time + frequency * (mixed.time - plain.time)
     energy = plain.dynamic_energy + frequency * (mixed.dynamic_energy - plain.dynamic_energy)
     power = chip.idle_power + energy / step
@@ -178,11 +200,6 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     p99_tpot = tpot + 2.326 * spread * (mixed.time - plain.time) / tau
     longest = workload.input_len
     p99_own = smooth_max(longest / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
-    _, burst = _capped_step(model, chip, design, layout,
-                            dict(decode_seqs=jnp.zeros_like(micro), decode_context=context,
-                                 prefill_tokens=rt.max_batched_tokens,
-                                 prefill_context=I / 2.0,
-                                 prefill_seqs=rt.max_batched_tokens / I), sharpness, hard)
     wave = workload.first_wave_fraction
     rank = jnp.clip(1.0 - 0.01 / jnp.maximum(wave, 1e-6), 0.0, 1.0)
     burst_wait = rank * running * I / rt.max_batched_tokens * burst.time
@@ -195,7 +212,7 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
 
 
 def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurrency,
-                   sharpness, hard):
+                   sharpness, hard, vectorize=False):
     rt, spec = design.runtime, design.speculative
     I, O = workload.mean_input_len, workload.mean_output_len
     tau = spec.tokens_per_step
@@ -209,19 +226,17 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     _, plain = _capped_step(model, chip, design, dec,
                             dict(decode_seqs=running / _in_flight(dec, rt),
                                  decode_context=context),
-                            sharpness, hard)
+                            sharpness, hard, vectorize)
     tpot = plain.time / tau
     # Prefill pool: prompts batched into chunks of max(I, max_batched_tokens).
     chunk = smooth_max(I, rt.max_batched_tokens, sharpness=sharpness, hard=hard)
     zero = jnp.zeros_like(running)
-    _, batch = _capped_step(model, chip, design, pre,
-                            dict(decode_seqs=zero, decode_context=zero, prefill_tokens=chunk,
-                                 prefill_context=I / 2.0, prefill_seqs=chunk / I),
-                            sharpness, hard)
-    _, single = _capped_step(model, chip, design, pre,
-                             dict(decode_seqs=zero, decode_context=zero, prefill_tokens=I,
-                                  prefill_context=I / 2.0, prefill_seqs=jnp.ones_like(I)),
-                             sharpness, hard)
+    batch, single = _capped_steps(model, chip, design, pre, (
+        dict(decode_seqs=zero, decode_context=zero, prefill_tokens=chunk,
+             prefill_context=I / 2.0, prefill_seqs=chunk / I),
+        dict(decode_seqs=zero, decode_context=zero, prefill_tokens=I,
+             prefill_context=I / 2.0, prefill_seqs=jnp.ones_like(I))), sharpness, hard,
+        vectorize)
     prefill_capacity = pre.replicas * _in_flight(pre, rt) * chunk / I / batch.time
     kv = kv_bytes_per_request(model, I, design.precision.kv_bytes)
     tier_up = pre.chips + dec.chips <= chip.domain_size
@@ -297,7 +312,8 @@ def _check_values(workload: Workload, design: Design, chip: Chip):
 
 
 def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
-            sharpness=DEFAULT_SHARPNESS, hard: bool = False, check: bool = True) -> Metrics:
+            sharpness=DEFAULT_SHARPNESS, hard: bool = False, check: bool = True,
+            vectorize: bool = False) -> Metrics:
     """Predict steady-state serving metrics of a design.
 
     Pure JAX: jit, vmap and grad through chip, workload and design leaves.
@@ -311,6 +327,9 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         hard: static; exact max/min for reports.
         check: static; raise on invalid traced values (`eqx.error_if`). Sweeps that prefer
             to see flags may turn it off.
+        vectorize: static; evaluate each step's operators, and the engine steps of a
+            phase, along an array axis (`roofline.step_cost`): the same numbers, faster for a
+            single design on CPU (the optimizer's gradient steps), slower under a wide vmap.
 
     Returns:
         `Metrics`.
@@ -345,9 +364,11 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
                            (checked[3], checked[4]))
     concurrency = design.concurrency
     if workload.request_rate is not None:
-        concurrency = _open_loop_concurrency(model, chip, workload, design, sharpness, hard)
+        concurrency = _open_loop_concurrency(model, chip, workload, design, sharpness, hard,
+                                             vectorize)
     run = _disaggregated if design.disaggregated else _aggregated
-    out = run(model, chip, workload, design, design.layout, concurrency, sharpness, hard)
+    out = run(model, chip, workload, design, design.layout, concurrency, sharpness, hard,
+              vectorize)
     chips = design.chips
     I, O = workload.mean_input_len, workload.mean_output_len
     rps = out["requests_per_s"]
@@ -366,7 +387,8 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         prefill_fraction=out["prefill"], throttle=out["throttle"])
 
 
-def _open_loop_concurrency(model, chip, workload, design, sharpness, hard, iterations=30):
+def _open_loop_concurrency(model, chip, workload, design, sharpness, hard, vectorize,
+                           iterations=30):
     """In-flight requests under Poisson arrivals: the fixed point c = rate * E2E(c), damped.
 
     Past saturation there is no fixed point; the iteration then grows c, and the result shows
@@ -378,7 +400,7 @@ def _open_loop_concurrency(model, chip, workload, design, sharpness, hard, itera
                          is_leaf=lambda x: x is None)
 
     def body(_, c):
-        out = run(model, chip, closed, design, design.layout, c, sharpness, hard)
+        out = run(model, chip, closed, design, design.layout, c, sharpness, hard, vectorize)
         return 0.5 * c + 0.5 * rate * out["e2e"]
 
     start = jnp.maximum(rate * 1e-3, 1e-3) * jnp.ones_like(design.concurrency)

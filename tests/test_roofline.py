@@ -123,3 +123,56 @@ def test_prefill_is_compute_bound_and_decode_memory_bound():
     for op in prefill:
         if op.name in ("qkv_proj", "out_proj", "dense_ffn"):
             assert float(op.flops / peak) > 2 * float(op.hbm_bytes / bandwidth), op.name
+
+
+def _vectorize_cases():
+    """(model, chip, workload, design): dense and MoE, MLA, speculative decoding, slices
+    placed by software, disaggregated pools, and a batch of concurrencies as an array."""
+    h200, b200, jal = pm.get_chip("h200"), pm.get_chip("b200"), pm.get_chip("jalapeno")
+    llama, r1 = pm.get_model("llama-3.1-8b"), pm.get_model("deepseek-r1")
+    gptoss = pm.get_model("gpt-oss-120b")
+    wl = pm.Workload(8192, 1024)
+    return [
+        (llama, h200, pm.Workload(1024, 256),
+         pm.Design(concurrency=np.array([1.0, 7.0, 64.0, 300.0]), layout=pm.Layout(tp=1),
+                   precision=pm.precision(h200, llama, "fp8"))),
+        (gptoss, b200, pm.Workload(1024, 1024),
+         pm.Design(concurrency=48.0, layout=pm.Layout(tp=2, ep=2),
+                   precision=pm.precision(b200, gptoss, "nvfp4"))),
+        (r1, jal, wl,
+         pm.Design(concurrency=96.0, layout=pm.Layout(tp=8, ep=8, dp_attention=True),
+                   precision=pm.precision(jal, r1, "mxfp4", kv="fp8"),
+                   mapping=pm.mapping("partitioned", "partitioned", dense="replicated"),
+                   speculative=pm.SpecDecode(draft_tokens=2.0))),
+        (r1, b200, wl,
+         pm.Design(concurrency=256.0,
+                   layout=pm.Disaggregated(prefill=pm.Layout(tp=8), decode=pm.Layout(
+                       tp=8, ep=8, dp_attention=True, replicas=2)),
+                   precision=pm.precision(b200, r1, "nvfp4", kv="fp8"))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("hard", [False, True])
+def test_vectorized_operators_match_the_loop(case, hard):
+    """`vectorize=True` (operators and engine steps along an array axis, the optimizer's
+    fast path) computes the same metrics as the per-operator loop, and the same
+    derivatives."""
+    import jax
+
+    model, chip, workload, design = _vectorize_cases()[case]
+    loop, vec = (pm.predict(model, chip, workload, design, hard=hard, vectorize=v)
+                 for v in (False, True))
+    for key, value in loop.as_dict().items():
+        np.testing.assert_allclose(vec.as_dict()[key], value, rtol=1e-12, err_msg=key)
+    if hard:
+        return
+
+    def tpot(bandwidth, vectorize):
+        c = dataclasses.replace(chip, hbm_bandwidth=bandwidth)
+        return jax.numpy.sum(pm.predict(model, c, workload, design,
+                                        vectorize=vectorize).tpot)
+
+    grads = [jax.grad(tpot)(chip.hbm_bandwidth, v) for v in (False, True)]
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-10)
+    assert float(grads[0]) < 0          # more bandwidth, shorter steps
