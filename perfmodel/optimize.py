@@ -24,7 +24,10 @@ dimensionless ratio g = value / limit - 1 <= 0:
 At a solution lam_i is the shadow price d log(objective) / d g_i: relaxing limit_i by one unit
 buys about objective * lam_i / limit_i. Hardening rounds and argmaxes every branch, re-evaluates
 it exactly (`hard=True`), repairs and polishes it by local search over grid neighbours, and
-keeps the best feasible design; relaxed and hardened metrics are reported side by side.
+keeps the best feasible design; relaxed and hardened metrics are reported side by side. The
+reported shadow prices are those of the hardened design itself: its KKT multipliers along the
+continuous coordinates (concurrency, power cap), from the exact model's derivatives there
+(`_shadow_prices`), so they do not depend on how far the Adam phase converged.
 Each branch's Adam phase and hardening run in one compiled kernel (`_solve_impl`), with
 forward-mode gradients; branches compile and run in parallel threads. `exhaustive`
 enumerates the same grid for comparison.
@@ -134,10 +137,9 @@ class Targets(eqx.Module):
     usd_per_kwh: jnp.ndarray = eqx.field(converter=_array, default=0.0)
     """Electricity price applied to modeled chip power ($/kWh), for `usd_per_mtok`."""
 
-    def limits(self, xp=jnp):
-        """Limits in `CONSTRAINTS` order (memory's is 1: its g is an excess already);
-        `xp=numpy` gives them as a host array without dispatching device operations."""
-        return xp.stack([xp.asarray(x, dtype=float) for x in (
+    def limits(self):
+        """Limits in `CONSTRAINTS` order (memory's is 1: its g is an excess already)."""
+        return jnp.stack([jnp.asarray(x, dtype=float) for x in (
             self.max_tpot, self.max_ttft, self.max_e2e, self.max_power, 1.0,
             self.max_quality_loss)])
 
@@ -405,7 +407,13 @@ def _one_hot(index: int, n: int) -> list[float]:
 
 
 def _tables(space: Space, chip: Chip) -> _Tables:
-    native, flavor = chip.native_classes, chip.fp4_flavor
+    """The numeric tables of `space` on `chip` (cached: the optimizer builds them on every
+    call, and its whole search takes about a millisecond)."""
+    return _cached_tables(space, chip.native_classes, chip.fp4_flavor, float(chip.tdp))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_tables(space: Space, native, flavor, tdp: float) -> _Tables:
     n = len(COMPUTE_CLASSES)
 
     def compute(name):
@@ -437,7 +445,7 @@ def _tables(space: Space, chip: Chip) -> _Tables:
         dense_placement=arr(placement(space.dense_placements)),
         expert_placement=arr(placement(space.expert_placements)),
         kv_placement=arr(placement(space.kv_placements)),
-        caps=arr(space.power_caps) * np.asarray(chip.tdp))
+        caps=arr(space.power_caps) * tdp)
 
 
 class Choice(eqx.Module):
@@ -582,6 +590,40 @@ def _initial(space: Space, start: float) -> Relaxed:
                    kv_placement=zeros(len(space.kv_placements)))
 
 
+@functools.lru_cache(maxsize=64)
+def _initial_stack(space: Space, starts: tuple[float, ...]) -> Relaxed:
+    """`_initial` of every start, stacked along a leading axis (cached; read-only)."""
+    return jax.tree_util.tree_map(lambda *xs: np.stack(xs),
+                                  *[_initial(space, s) for s in starts])
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(blocks: int, inner: int, t_start: float, t_end: float, n_starts: int, mu: float,
+              sharpness: float, max_iterations: int):
+    """The annealed temperatures (host copy, and on the device as (blocks, inner)), initial
+    multipliers and penalty weights of every start, and the kernel's scalar settings."""
+    schedule = t_start * (t_end / t_start) ** (np.arange(inner * blocks) / max(
+        inner * blocks - 1, 1))
+    lam, mus = np.zeros((n_starts, len(CONSTRAINTS))), np.full((n_starts,), mu)
+    scalars = (np.asarray(sharpness, dtype=float), np.asarray(max_iterations))
+    return (schedule, *jax.device_put((schedule.reshape(blocks, inner), lam, mus, scalars)))
+
+
+_DEVICE_CACHE: dict = {}
+
+
+def _device(tree):
+    """`tree` on the device, once per object: for the optimizer's cached, read-only inputs
+    (`_tables`, `_initial_stack`, `_moves` return the same object for the same key)."""
+    key = id(tree)
+    hit = _DEVICE_CACHE.get(key)
+    if hit is None or hit[0] is not tree:
+        if len(_DEVICE_CACHE) > 256:
+            _DEVICE_CACHE.clear()
+        hit = _DEVICE_CACHE[key] = (tree, jax.device_put(tree))
+    return hit[1]
+
+
 def relaxed_evaluate(model: Model, chip: Chip, workload: Workload, layout, space: Space,
                      params: Relaxed, tgt: Targets, objective: str = "tok_s_per_kw",
                      temperature=1.0, sharpness=DEFAULT_SHARPNESS):
@@ -693,7 +735,7 @@ def _search_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
                                             tgt, objective, sharpness, vectorize=True)
         final_loss = _augmented_loss(score, g, lams[-1], mus[-1])
         return p, lam_out, (scores.reshape(-1), gs.reshape(-1, g.shape[-1])), (
-            final_loss, score, g, metrics, value)
+            final_loss, score, g, metrics.arrays(), value)
 
     return jax.vmap(one_start)(params, lam, mu)
 
@@ -808,8 +850,49 @@ def _harden(params, chip, workload, tables, tgt, moves, max_iterations, *, model
     blocking = jnp.min(jnp.where(better, g, jnp.inf), axis=0)
     evaluations = starts.shape[0] + (it + improved) * n_moves
     return dict(index=current, start=first, rank=_rank(score, g_final), score=score,
-                g=g_final, value=value, metrics=metrics, blocking=blocking,
-                evaluations=evaluations)
+                g=g_final, limits=tgt.limits(), value=value, metrics=metrics.arrays(),
+                blocking=blocking, evaluations=evaluations,
+                sensitivity=_sensitivity(chip, workload, tables, tgt, current, model=model,
+                                         layout=layout, objective=objective))
+
+
+def _sensitivity(chip, workload, tables, tgt, index, *, model, layout, objective):
+    """Derivatives of the score and the constraints of the grid design `index` along its
+    two continuous coordinates, u = (log concurrency, power cap / TDP), formats and
+    placements held (exact model), and which coordinates a grid bound holds: at the edge
+    of its range with the score pushing outward. `_shadow_prices` turns them into the
+    design's Lagrange multipliers."""
+    base = _index_choice(tables, index)
+    tdp = chip.tdp
+
+    def at(u):
+        choice = eqx.tree_at(lambda c: (c.concurrency, c.power_cap), base,
+                             (jnp.exp(u[0]), u[1] * tdp))
+        score, g, _, _ = evaluate(model, chip, workload, layout, tables, choice, tgt,
+                                  objective, hard=True, vectorize=True)
+        return score, g
+
+    u = jnp.stack([jnp.log(base.concurrency), base.power_cap / tdp])
+    lo = jnp.stack([tables.log_concurrency[0], tables.caps[0] / tdp])
+    hi = jnp.stack([tables.log_concurrency[-1], tables.caps[-1] / tdp])
+    ds, dg = jax.jacfwd(at)(u)
+    held = ((u <= lo * (1 + 1e-12)) & (ds < 0)) | ((u >= hi * (1 - 1e-12)) & (ds > 0))
+    return dict(score=ds, g=dg, held=held)
+
+
+def _shadow_prices(sensitivity: dict, active: np.ndarray) -> np.ndarray:
+    """Lagrange multipliers of a grid design's `active` constraints (host arrays): the
+    least-squares solution of grad score = sum_i lam_i grad g_i over the free continuous
+    coordinates, clipped at 0: the first-order (KKT) condition, solved as the
+    least-squares multiplier estimate of SQP methods (Nocedal & Wright, Numerical
+    Optimization, 2nd ed., chapters 12 and 18). Inactive constraints get 0."""
+    free = ~np.asarray(sensitivity["held"], dtype=bool)
+    a = np.asarray(sensitivity["g"])[:, free][active].T
+    b = np.asarray(sensitivity["score"])[free]
+    lam = np.zeros(active.shape[0])
+    if a.size:
+        lam[active] = np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0.0)
+    return lam
 
 
 def _solve_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, moves,
@@ -930,15 +1013,21 @@ class _Evaluator:
         return score, g, value
 
 
-def _describe(space: Space, chip: Chip, layout, index) -> dict:
+@functools.lru_cache(maxsize=256)
+def _layout_name(layout) -> str:
+    return layout.describe()
+
+
+def _describe(space: Space, tables: _Tables, layout, index) -> dict:
     index = [int(i) for i in index]
-    return {"layout": layout.describe(), "chips": layout.chips,
+    placements = space.placements
+    return {"layout": _layout_name(layout), "chips": layout.chips,
             "concurrency": int(space.concurrency[index[0]]),
             "formats": {"weights": space.weights[index[1]],
                         "experts": space.experts[index[2]], "kv": space.kv[index[3]]},
-            "placements": {cls: space.placements[cls][index[4 + i]]
+            "placements": {cls: placements[cls][index[4 + i]]
                            for i, cls in enumerate(STATE_CLASSES)},
-            "power_cap_w": float(space.power_caps[index[_CAP]] * float(chip.tdp))}
+            "power_cap_w": float(tables.caps[index[_CAP]])}
 
 
 def _design(space: Space, chip: Chip, layout, index, tables: _Tables):
@@ -994,7 +1083,7 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
             best, best_layout = (float(ranks[k]), grid[k], float(value[k]), g[k]), layout
     wall = time.perf_counter() - start
     feasible = bool(np.all(best[3] <= _FEASIBLE_TOL))
-    described = _describe(space, chip, best_layout, best[1])
+    described = _describe(space, _tables(space, chip), best_layout, best[1])
     if feasible:
         return ExhaustiveResult(design=described, objective_value=best[2], feasible=True,
                                 points=evaluator.count, wall_s=wall)
@@ -1022,9 +1111,14 @@ class OptimizeResult:
     feasible: bool
     metrics: dict | None
     binding: list
-    """Constraints at their limit (within `binding_tol`) on the grid or active in the relaxed
-    problem (the ones `multipliers` prices); when infeasible, the violated ones."""
+    """Constraints at their limit on the grid (within `binding_tol`) or violated by a
+    better-scoring grid neighbour (the ones `multipliers` prices); when infeasible, the
+    violated ones."""
     multipliers: dict
+    """Per constraint: `lambda`, the hardened design's shadow price (its KKT multiplier
+    along concurrency and power cap, d log objective / d g), with `per_unit` the objective
+    bought by one more unit of the limit; `relaxed_lambda`, the relaxed problem's
+    augmented-Lagrangian multiplier. When infeasible, `lambda` is the relaxed one."""
     relaxed_metrics: dict
     relaxed_objective_value: float
     layout_weights: dict
@@ -1142,20 +1236,16 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     tables = _tables(space, chip)
     inner = steps // blocks
     t_start, t_end = temperature
-    schedule = t_start * (t_end / t_start) ** (np.arange(inner * blocks) / max(
-        inner * blocks - 1, 1))
-    n_starts, n_con = len(starts), len(CONSTRAINTS)
-    temps = schedule.reshape(blocks, inner)
-    params = jax.tree_util.tree_map(lambda *xs: np.stack(xs),
-                                    *[_initial(space, s) for s in starts])
-    lam = np.zeros((n_starts, n_con))
-    mus = np.full((n_starts,), float(mu))
+    schedule, temps, lam, mus, scalars = _schedule(blocks, inner, float(t_start), float(t_end),
+                                                   len(starts), float(mu), float(sharpness),
+                                                   int(max_iterations))
     # Every branch is one kernel (search, rounding, repair, polish), all dispatched before
-    # any result is read. Inputs are passed as they are: jit's own argument handling costs
-    # less than a Python-side `device_put` of the ~70 leaves (measured: 0.05 vs 0.6 ms).
-    inputs = (params, lam, mus, temps, chip, workload, tables, tgt,
-              np.asarray(sharpness, dtype=float), _moves(space.shape),
-              np.asarray(max_iterations))
+    # any result is read. Its inputs that do not change between calls (tables, starts,
+    # schedule, neighbourhood) are cached on the device: a numpy argument costs jit a copy on
+    # every call (about 0.1 ms for the 30 of them, a tenth of a small search).
+    inputs = (_device(_initial_stack(space, tuple(starts))), lam, mus, temps, chip, workload,
+              _device(tables), tgt, scalars[0], _device(_moves(space.shape)),
+              scalars[1])
     static = dict(model=model, objective=objective, learning_rate=float(learning_rate))
     pending = _map_branches(lambda layout: _solve(*inputs, layout=layout, **static),
                             space.layouts)
@@ -1175,26 +1265,34 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
 
     # Relaxed side of the report: the chosen branch's relaxed design at the final temperature.
     final_loss, relaxed_score, relaxed_g, relaxed_metrics, relaxed_value = branch["final"]
-    relaxed = {k: float(np.asarray(v)[si]) for k, v in relaxed_metrics.as_dict().items()}
+    relaxed = {k: float(v[si]) for k, v in relaxed_metrics.items()}
     losses = np.array([float(np.min(b["final"][0])) for b in branches])
     weights = np.exp(-(losses - losses.min()) / float(t_end))
     weights = weights / weights.sum()
-    layout_weights = {b["layout"].describe(): float(w) for b, w in
+    layout_weights = {_layout_name(b["layout"]): float(w) for b, w in
                       zip(branches, weights, strict=True)}
     scores, gs = branch["trace"]
     trajectory = {"score": scores[si].tolist(),
                   "max_violation": np.max(np.maximum(gs[si], 0.0), axis=-1).tolist(),
                   "temperature": schedule[:inner * blocks].tolist()}
 
-    described = _describe(space, chip, layout, index)
-    limits = tgt.limits(np)
-    lam = branch["lam"][si]
+    described = _describe(space, tables, layout, index)
+    limits = found["limits"]
+    relaxed_lam = branch["lam"][si]
+    # Shadow prices of the hardened design: its KKT multipliers along the continuous
+    # coordinates over the constraints that bind on the grid (within binding_tol of their
+    # limit, or violated by a better-scoring neighbour); the relaxed problem's
+    # augmented-Lagrangian multipliers are reported beside them.
+    priced = np.array([np.isfinite(limits[i]) or name == "memory"
+                       for i, name in enumerate(CONSTRAINTS)])
+    active = priced & ((g >= -binding_tol) | np.isfinite(found["blocking"]))
+    lam = _shadow_prices(found["sensitivity"], active) if feasible else relaxed_lam
     multipliers = {}
     for i, name in enumerate(CONSTRAINTS):
-        if not np.isfinite(limits[i]) and name != "memory":
+        if not priced[i]:
             continue
         unit, scale = _UNITS[name]
-        entry = {"lambda": float(lam[i])}
+        entry = {"lambda": float(lam[i]), "relaxed_lambda": float(relaxed_lam[i])}
         if feasible and name not in ("memory",) and np.isfinite(limits[i]):
             # d objective / d limit = objective * lam / limit (at a binding constraint).
             sign = 1.0 if OBJECTIVES[objective][1] else -1.0
@@ -1203,12 +1301,10 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         multipliers[name] = entry
     if feasible:
         metrics = found["metrics"]
-        metric_dict = {k: float(v) for k, v in metrics.as_dict().items()}
-        # Binding: at its limit on the grid, or active (lambda > 0) in the relaxed problem.
-        near = {name for i, name in enumerate(CONSTRAINTS)
-                if np.isfinite(limits[i]) and name != "memory"
-                and (g[i] >= -binding_tol or lam[i] > 1e-6)}
-        if float(metrics.running_batch) >= (1.0 - binding_tol) * float(metrics.max_batch):
+        metric_dict = {k: float(v) for k, v in metrics.items()}
+        # Binding: at its limit on the grid, or what stops a better grid neighbour.
+        near = {name for i, name in enumerate(CONSTRAINTS) if active[i] and name != "memory"}
+        if metric_dict["running_batch"] >= (1.0 - binding_tol) * metric_dict["max_batch"]:
             near.add("memory")
         binding = [name for name in CONSTRAINTS if name in near]
         blocking = _blocking(found["blocking"], limits)
@@ -1222,7 +1318,7 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         return result
     metrics = found["metrics"]
     closest = {"design": described,
-               "metrics": {k: float(v) for k, v in metrics.as_dict().items()},
+               "metrics": {k: float(v) for k, v in metrics.items()},
                "objective_value": value, "violations": _violations(g),
                "achievable": {name: float((g[i] + 1.0) * limits[i] * _UNITS[name][1])
                               for i, name in enumerate(CONSTRAINTS)

@@ -91,7 +91,13 @@ class Metrics(eqx.Module):
 
     def as_dict(self) -> dict:
         """The `perfmodel pareto` keys (floats for scalars)."""
-        values = {
+        return {k: (v.tolist() if hasattr(v, "tolist") else v)
+                for k, v in self.arrays().items()}
+
+    def arrays(self) -> dict:
+        """The `perfmodel pareto` keys, values as they are (traceable: a kernel can return
+        this plain dict instead of the module)."""
+        return {
             "concurrency": self.concurrency, "tput_per_chip": self.throughput_per_chip,
             "interactivity": self.interactivity, "ttft_s": self.ttft, "tpot_s": self.tpot,
             "e2e_s": self.e2e, "power_w": self.power_per_chip,
@@ -102,7 +108,6 @@ class Metrics(eqx.Module):
             "tok_s_per_mw_allin": self.tok_s_per_mw_allin, "p99_ttft_s": self.p99_ttft,
             "p99_tpot_s": self.p99_tpot, "running_batch": self.running_batch,
             "max_batch": self.max_batch, "fits": self.fits}
-        return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in values.items()}
 
 
 class _Pool(eqx.Module):

@@ -163,7 +163,7 @@ def _table(out: dict) -> str:
             lines.append(f"  best achievable {key}: {value:.6g}")
         lines.append("violated: " + ", ".join(out["binding"]))
     for key, entry in out["multipliers"].items():
-        text = f"  lambda[{key}] = {entry['lambda']:.4g}"
+        text = f"  lambda[{key}] = {entry['lambda']:.4g} (relaxed {entry['relaxed_lambda']:.4g})"
         if "per_unit" in entry:
             text += f"  ({entry['per_unit']:+.4g} {entry['unit']})"
         lines.append(text)
