@@ -1,19 +1,21 @@
 """Gradient design optimization vs exhaustive enumeration of the same grid.
 
-Runs `perfmodel.optimize.optimize` (default schedule) and `perfmodel.optimize.exhaustive`
-on DeepSeek-R1 served by 8 Jalapeno chips (ISL 8192, OSL 1024, TPOT <= 10 ms, power <= 550 W
-per chip), on grids whose concurrency and power-cap axes are refined until each holds at
-least the requested number of designs, and prints wall times: cold (first call, compilation
-included) and warm (best of `--repeats` calls with compiled kernels), and the objective each
-finds. Both run on one stream of kernels on the default JAX device.
+Runs `perfmodel.optimize.optimize` (its default schedule unless `--steps`/`--blocks`) and
+`perfmodel.optimize.exhaustive` on DeepSeek-R1 served by 8 Jalapeno chips (ISL 8192, OSL
+1024, TPOT <= 10 ms, power <= 550 W per chip), on grids whose concurrency and power-cap axes
+are refined until each holds at least the requested number of designs, and prints wall
+times: cold (first call, compilation included) and warm (best of `--repeats` calls with
+compiled kernels), and the objective each finds. Both run on one stream of kernels on the
+default JAX device.
 
     python benchmarks/bench_optimize.py [--min-points 100000 1000000] [--layouts 2]
-        [--steps 240 --blocks 6] [--split]
+        [--steps 24 --blocks 4] [--split]
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import time
 
@@ -58,8 +60,10 @@ def main(argv=None):
     parser.add_argument("--min-points", type=int, nargs="+", default=[100_000])
     parser.add_argument("--layouts", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=240, help="Adam steps (optimize default)")
-    parser.add_argument("--blocks", type=int, default=6, help="augmented-Lagrangian blocks")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="Adam steps (default: optimize's)")
+    parser.add_argument("--blocks", type=int, default=None,
+                        help="augmented-Lagrangian blocks (default: optimize's)")
     parser.add_argument("--split", action="store_true",
                         help="also time one Adam step per block (one more compile per "
                              "grid): the fixed cost (rounding, local search, host work) and "
@@ -69,6 +73,9 @@ def main(argv=None):
     model, chip = pm.get_model("deepseek-r1"), pm.get_chip("jalapeno")
     workload = pm.Workload(8192, 1024)
     tgt = po.targets(max_tpot_ms=10, max_power_w=550)
+    defaults = inspect.signature(po.optimize).parameters
+    args.steps = args.steps or defaults["steps"].default
+    args.blocks = args.blocks or defaults["blocks"].default
     rows = []
     for min_points in args.min_points:
         space = grid(model, chip, workload, args.layouts, min_points)

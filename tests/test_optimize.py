@@ -82,7 +82,7 @@ def test_scenarios_match_exhaustive(groups):
     for name, objective, limits in SCENARIOS:
         model, chip, workload, space = groups[name]
         tgt = po.targets(chips=space.layouts[0].chips, **limits)
-        result = po.optimize(model, chip, workload, space, tgt, objective, **SMALL)
+        result = po.optimize(model, chip, workload, space, tgt, objective)   # defaults
         best = po.exhaustive(model, chip, workload, space, tgt, objective)
         label = f"{name} {objective} {limits}"
         assert result.feasible == best.feasible, label
@@ -113,7 +113,7 @@ def test_gradient_phase_shortens_the_local_search(groups):
     local search alone also reaches the optimum on these grids, only slower)."""
     model, chip, workload, space = groups["h200-8b"]
     counts = {}
-    for label, schedule in (("gradient", SMALL), ("none", dict(steps=2, blocks=1))):
+    for label, schedule in (("gradient", {}), ("none", dict(steps=2, blocks=1))):
         counts[label] = sum(
             po.optimize(model, chip, workload, space, po.targets(**limits), objective,
                         **schedule).evaluations

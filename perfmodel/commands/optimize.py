@@ -76,7 +76,12 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="chip cost for usd_per_mtok")
     parser.add_argument("--usd-per-kwh", type=float, default=None,
                         help="electricity price for usd_per_mtok")
-    parser.add_argument("--steps", type=positive_int, default=240, help="Adam steps (default 240)")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="Adam steps (default: optimize's, 24); more steps converge the "
+                             "relaxed solution further")
+    parser.add_argument("--blocks", type=positive_int, default=None,
+                        help="augmented-Lagrangian blocks the steps are split into "
+                             "(default: optimize's, 4)")
     parser.add_argument("--check-exhaustive", action="store_true",
                         help="also enumerate the whole grid and report its best design")
     add_format_arg(parser)
@@ -109,7 +114,8 @@ def _result(args):
                   max_deployment_power_kw=args.max_deployment_power_kw, chips=args.chips,
                   max_quality_loss=args.max_quality_loss,
                   usd_per_chip_hour=args.usd_per_chip_hour, usd_per_kwh=args.usd_per_kwh)
-    result = optimize(model, chip, workload, space, tgt, args.objective, steps=args.steps)
+    schedule = {k: v for k, v in (("steps", args.steps), ("blocks", args.blocks)) if v}
+    result = optimize(model, chip, workload, space, tgt, args.objective, **schedule)
     out = result.as_dict()
     out["grid_points"] = space.size
     if args.check_exhaustive:
