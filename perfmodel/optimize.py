@@ -29,7 +29,7 @@ reported shadow prices are those of the hardened design itself: its KKT multipli
 continuous coordinates (concurrency, power cap), from the exact model's derivatives there
 (`_shadow_prices`), so they do not depend on how far the Adam phase converged.
 Each branch's Adam phase and hardening run in one compiled kernel (`_solve_impl`), with
-forward-mode gradients; branches compile and run in parallel threads. `exhaustive`
+reverse-mode gradients; branches compile and run in parallel threads. `exhaustive`
 enumerates the same grid for comparison.
 """
 
@@ -698,10 +698,11 @@ def _search_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
     the starts: `temperatures` is (blocks, inner); Adam runs `inner` steps per block, then
     lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the violation does not halve.
 
-    Gradients are forward mode (`jax.jacfwd` over the flattened parameters): the design has
-    about 20 continuous variables, so one vectorized tangent pass through the model costs
-    about half of a reverse pass on CPU (and compiles in half the time). The model runs with
-    `vectorize=True`: XLA:CPU pays per operation, not per number, at this size.
+    Gradients are reverse mode over the flattened parameters, through the model's
+    vectorized evaluation order (`vectorize=True`): XLA:CPU pays per operation, not per
+    number, at this size, and with the operators stacked a reverse pass has fewer
+    operations than a forward pass carrying ~20 tangents (per-operator, it was the other
+    way round). `tests/test_optimize.py` checks them against forward mode.
     """
     optimizer = _optimizer(learning_rate)
 
@@ -719,7 +720,7 @@ def _search_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
 
             def step(inner, temperature):
                 x, st = inner
-                grads, (score, g) = jax.jacfwd(loss, has_aux=True)(x, lam_, mu_, temperature)
+                grads, (score, g) = jax.grad(loss, has_aux=True)(x, lam_, mu_, temperature)
                 updates, st = optimizer.update(grads, st, x)
                 return (optax.apply_updates(x, updates), st), (score, g)
 

@@ -248,6 +248,33 @@ def test_gradients_match_finite_differences():
         np.testing.assert_allclose(tangent, central, rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("name", sorted(GROUPS))
+def test_reverse_mode_gradients_of_the_search(groups, name):
+    """The Adam phase differentiates its augmented Lagrangian in reverse mode under jit:
+    finite, and equal to forward mode, at sampled relaxed points of each scenario group
+    (hot and cold temperatures, active multipliers)."""
+    model, chip, workload, space = groups[name]
+    layout, tables = space.layouts[0], po._tables(space, chip)
+    tgt = po.targets(chips=layout.chips, max_tpot_ms=8, max_power_w=600)
+    flat0, unravel = jax.flatten_util.ravel_pytree(po._initial(space, 0.4))
+    lam = jnp.asarray([0.5, 0.0, 0.0, 0.3, 0.0, 0.0])
+
+    def loss(flat, temperature):
+        score, g, _, _ = po.evaluate(model, chip, workload, layout, tables,
+                                     unravel(flat).choice(tables, temperature), tgt,
+                                     "tok_s_per_kw", vectorize=True)
+        return po._augmented_loss(score, g, lam, 10.0)
+
+    reverse, forward = (jax.jit(mode(loss)) for mode in (jax.grad, jax.jacfwd))
+    key = jax.random.PRNGKey(1)
+    for temperature in (1.0, 0.05):
+        key, sub = jax.random.split(key)
+        flat = flat0 + jax.random.normal(sub, flat0.shape)
+        r, f = reverse(flat, temperature), forward(flat, temperature)
+        assert np.all(np.isfinite(r)), (name, temperature)
+        np.testing.assert_allclose(r, f, rtol=1e-8, atol=1e-12)
+
+
 def test_validation_errors():
     chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
     with pytest.raises(ValueError, match="max_tpot_ms"):
