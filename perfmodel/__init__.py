@@ -5,6 +5,7 @@ from .design import (
                      Design,
                      Disaggregated,
                      Layout,
+                     LayoutNumbers,
                      Precision,
                      Runtime,
                      SliceMapping,
@@ -24,8 +25,8 @@ from .workload import Workload
 
 __all__ = [
     "AbstractInterconnect", "Chip", "Design", "Disaggregated", "Efficiency",
-    "EnergyCoefficients", "Layout", "Metrics", "Model", "Precision", "Ring", "Runtime",
-    "SliceMapping", "SpecDecode", "Switch", "Torus", "Workload", "chip_names",
+    "EnergyCoefficients", "Layout", "LayoutNumbers", "Metrics", "Model", "Precision", "Ring",
+    "Runtime", "SliceMapping", "SpecDecode", "Switch", "Torus", "Workload", "chip_names",
     "collective_time", "expected_experts_touched", "from_datasheet", "from_hf_config",
     "get_chip", "get_model", "kv_bytes_per_request", "kv_bytes_per_token_layer", "mapping",
     "max_batch", "model_names", "operators", "precision", "predict", "predict_jit",

@@ -1,5 +1,6 @@
-"""Design: what an operator chooses. Parallel layout (static), number formats per tensor
-class, slice mapping, speculative decoding, serving-runtime settings and concurrency."""
+"""Design: what an operator chooses. Parallel layout (static, or as numbers), number formats
+per tensor class, slice mapping, speculative decoding, serving-runtime settings and
+concurrency."""
 
 from __future__ import annotations
 
@@ -59,6 +60,13 @@ class Layout(eqx.Module):
     def moe_tp(self) -> int:
         return self.tp // self.ep
 
+    def numbers(self) -> LayoutNumbers:
+        """This layout as arrays (`LayoutNumbers`): the model then computes the same numbers
+        with one kernel for every layout (jit does not specialise on the degrees, and
+        `jax.vmap` runs a stack of layouts at once)."""
+        return LayoutNumbers(tp=self.tp, ep=self.ep, pp=self.pp, replicas=self.replicas,
+                             dp_attention=self.dp_attention)
+
     def describe(self) -> str:
         text = f"tp{self.tp}"
         if self.ep > 1:
@@ -70,11 +78,69 @@ class Layout(eqx.Module):
         return f"{self.replicas}x{text}" if self.replicas > 1 else text
 
 
+def _bool_array(x):
+    return jnp.asarray(x, dtype=bool)
+
+
+class LayoutNumbers(eqx.Module):
+    """A parallel layout as arrays: the numeric counterpart of `Layout` (build one with
+    `Layout.numbers()`).
+
+    The model takes either form and computes the same numbers. A `Layout` is static: jit
+    compiles one kernel per layout and prunes the branches it does not take. A
+    `LayoutNumbers` is data: the degrees may be traced, and a stack of them (leaves with a
+    leading axis) runs under `jax.vmap`, so one kernel serves many layouts. The degrees are
+    counts and are meant to hold whole numbers with `ep` dividing `tp`, as in `Layout`;
+    `serving.predict` checks that (with `eqx.error_if`) when `check`.
+
+    Example:
+        >>> n = Layout(tp=8, ep=4, pp=2, replicas=2).numbers()
+        >>> float(n.chips), float(n.chips_per_instance), float(n.moe_tp)
+        (32.0, 16.0, 2.0)
+    """
+
+    tp: jnp.ndarray = eqx.field(converter=_array)
+    """Tensor-parallel degree: chips an instance's layers are split over (chips)."""
+    ep: jnp.ndarray = eqx.field(converter=_array)
+    """Expert-parallel degree: of the `tp` chips, those the routed experts are spread over
+    (chips; divides `tp`)."""
+    pp: jnp.ndarray = eqx.field(converter=_array)
+    """Pipeline stages: groups of `tp` chips the layers are split over (chips per stage
+    group, i.e. stages)."""
+    replicas: jnp.ndarray = eqx.field(converter=_array)
+    """Model instances in the pool (instances)."""
+    dp_attention: jnp.ndarray = eqx.field(converter=_bool_array)
+    """Data-parallel attention over the `tp` chips (bool)."""
+
+    @property
+    def chips_per_instance(self):
+        """Chips of one instance, `tp * pp` (chips)."""
+        return self.tp * self.pp
+
+    @property
+    def chips(self):
+        """Chips of the pool, `tp * pp * replicas` (chips)."""
+        return self.tp * self.pp * self.replicas
+
+    @property
+    def moe_tp(self):
+        """Tensor-parallel degree inside each routed expert, `tp / ep` (chips)."""
+        return self.tp / self.ep
+
+
 class Disaggregated(eqx.Module):
-    """Prefill/decode disaggregation: two pools, KV moved from prefill to decode chips."""
+    """Prefill/decode disaggregation: two pools, KV moved from prefill to decode chips.
+    Both pools are static `Layout`s (the model branches on their sizes in Python)."""
 
     prefill: Layout
     decode: Layout
+
+    def __check_init__(self):
+        for key in ("prefill", "decode"):
+            if not isinstance(getattr(self, key), Layout):
+                raise ValueError(f"Disaggregated.{key} must be a static Layout, got "
+                                 f"{type(getattr(self, key)).__name__}; LayoutNumbers serve "
+                                 "aggregated designs only")
 
     @property
     def chips(self) -> int:
@@ -329,7 +395,9 @@ class Design(eqx.Module):
 
     concurrency: jnp.ndarray = eqx.field(converter=_array)
     """Requests in flight across the deployment (closed-loop clients)."""
-    layout: Layout | Disaggregated
+    layout: Layout | LayoutNumbers | Disaggregated
+    """Parallel layout: static (`Layout`), as numbers (`LayoutNumbers`, aggregated only),
+    or a prefill/decode split (`Disaggregated`)."""
     precision: Precision
     # Factories, not instances: defaults built at import time would freeze the dtype in
     # force then (float32 before a caller enables x64).
@@ -338,7 +406,8 @@ class Design(eqx.Module):
     runtime: Runtime = eqx.field(default_factory=Runtime)
 
     @property
-    def chips(self) -> int:
+    def chips(self):
+        """Chips of the deployment (an int, or an array for `LayoutNumbers`)."""
         return self.layout.chips
 
     @property

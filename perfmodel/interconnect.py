@@ -19,10 +19,13 @@ show about 8-10 us for the smallest all-gather on two B200s, shared/data NCCL ta
 from __future__ import annotations
 
 import abc
+import functools
 import math
 
 import equinox as eqx
 import jax.numpy as jnp
+
+from .static import ceil, is_static, maximum
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -43,16 +46,18 @@ class AbstractInterconnect(eqx.Module):
     base_latency: eqx.AbstractVar[jnp.ndarray]
 
     @abc.abstractmethod
-    def _effective(self, kind: str, n: int):
-        """(latency steps, bandwidth multiplier, traffic multiplier) of a collective over n."""
+    def _effective(self, kind: str, n):
+        """(latency steps, bandwidth multiplier, traffic multiplier) of a collective over n
+        chips (a static int >= 2, or an array of them)."""
 
-    def time(self, kind: str, message_bytes, n: int):
+    def time(self, kind: str, message_bytes, n):
         """Seconds for one collective among `n` chips of this tier.
 
         Args:
             kind: one of `COLLECTIVES`.
             message_bytes: bytes (see the module docstring for what M is per collective).
-            n: static group size; 1 means no communication (time 0).
+            n: group size (chips), a static positive integer or an array of them (possibly
+                traced); 1 means no communication (time 0).
 
         Example:
             >>> link = Switch(bandwidth=450e9, latency=5e-6, efficiency=1.0)
@@ -61,6 +66,8 @@ class AbstractInterconnect(eqx.Module):
         """
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVES)}")
+        if not is_static(n):
+            return self._time_numbers(kind, message_bytes, _array(n))
         if n < 1 or int(n) != n:
             raise ValueError(f"collective group size must be a positive integer, got {n!r}")
         if n == 1 and kind != "p2p":
@@ -70,14 +77,25 @@ class AbstractInterconnect(eqx.Module):
         return self.base_latency + steps * self.latency \
             + traffic * _array(message_bytes) / achieved
 
+    def _time_numbers(self, kind, message_bytes, n):
+        # The formulas run on n >= 2 (a group of one moves nothing and its terms, e.g. a
+        # torus spanning no axis, divide by zero); groups of one then select 0.
+        steps, bw_mult, traffic = self._effective(kind, jnp.maximum(n, 2.0))
+        achieved = self.bandwidth * self.efficiency * bw_mult
+        time = self.base_latency + steps * self.latency \
+            + traffic * _array(message_bytes) / achieved
+        if kind == "p2p":
+            return time
+        return jnp.where(n == 1, 0.0, time)
 
-def _ring_traffic(kind: str, n: int) -> tuple[float, float]:
+
+def _ring_traffic(kind: str, n):
     if kind == "p2p":
         return 1.0, 1.0
     frac = (n - 1) / n
     if kind == "all_reduce":
         return 2.0 * (n - 1), 2.0 * frac
-    return float(n - 1), frac
+    return 1.0 * (n - 1), frac
 
 
 class Switch(AbstractInterconnect):
@@ -107,7 +125,7 @@ class Ring(AbstractInterconnect):
     def _effective(self, kind, n):
         steps, traffic = _ring_traffic(kind, n)
         if kind == "all_to_all":
-            traffic *= max(1.0, n / 4.0)
+            traffic *= maximum(1.0, n / 4.0)
         return steps, 1.0, traffic
 
 
@@ -127,41 +145,55 @@ class Torus(AbstractInterconnect):
     dims: tuple[int, ...] = eqx.field(static=True, default=(16, 16))
 
     def _spanned(self, n):
-        sizes, left = [], n
+        """(sizes, axes): sizes of the axes a group of n chips spans, filling them in order,
+        and how many. With an array n, one size per axis (1 where the group does not reach
+        it) and `axes` an array."""
+        if is_static(n):
+            sizes, left = [], n
+            for d in self.dims:
+                if left <= 1:
+                    break
+                take = min(d, left)
+                sizes.append(take)
+                left = math.ceil(left / take)
+            return sizes, len(sizes)
+        sizes, axes, left = [], 0.0, n
         for d in self.dims:
-            if left <= 1:
-                break
-            take = min(d, left)
+            reach = left > 1
+            take = jnp.where(reach, jnp.minimum(d, left), 1.0)
             sizes.append(take)
-            left = math.ceil(left / take)
-        return sizes
+            axes = axes + reach
+            left = jnp.where(reach, jnp.ceil(left / take), left)
+        return sizes, axes
 
     def _effective(self, kind, n):
-        sizes = self._spanned(n)
-        axes_fraction = len(sizes) / len(self.dims)
+        sizes, axes = self._spanned(n)
+        axes_fraction = axes / len(self.dims)
         steps = sum(s - 1 for s in sizes) * (2.0 if kind == "all_reduce" else 1.0)
         _, traffic = _ring_traffic(kind, n)
         if kind == "all_to_all":
-            traffic *= max(1.0, max(sizes) / 4.0)
+            largest = max(sizes) if is_static(n) else functools.reduce(jnp.maximum, sizes)
+            traffic *= maximum(1.0, largest / 4.0)
         if kind == "p2p":
             steps = 1.0
-        return max(steps, 1.0), axes_fraction, traffic
+        return maximum(steps, 1.0), axes_fraction, traffic
 
 
-def collective_time(kind: str, message_bytes, n: int, scale_up: AbstractInterconnect,
+def collective_time(kind: str, message_bytes, n, scale_up: AbstractInterconnect,
                     scale_out: AbstractInterconnect, domain_size: int):
     """Seconds for a collective among `n` chips, hierarchical past the scale-up domain.
 
     Args:
         kind: one of `COLLECTIVES`.
         message_bytes: bytes per chip (the M of the module docstring).
-        n: static group size.
+        n: group size (chips): a static positive integer, or an array of them (possibly
+            traced: both tiers' times are computed and the group size selects).
         scale_up: the fast tier (NVLink, ICI, Infinity Fabric).
         scale_out: the slower tier between domains (InfiniBand/Ethernet NICs).
         domain_size: static number of chips one scale-up tier spans.
 
     Returns:
-        Seconds, the shape of `message_bytes`.
+        Seconds, the shape of `message_bytes` (broadcast with `n`).
 
     Example:
         >>> up = Switch(bandwidth=900e9, latency=3e-6, efficiency=1.0)
@@ -170,13 +202,28 @@ def collective_time(kind: str, message_bytes, n: int, scale_up: AbstractIntercon
         >>> t_out = collective_time("all_reduce", 1e9, 16, up, out, 8)
         >>> bool(t_out > t_in)
         True
+        >>> bool(jnp.allclose(collective_time("all_reduce", 1e9, jnp.asarray([8.0, 16.0]),
+        ...                                   up, out, 8), jnp.stack([t_in, t_out])))
+        True
     """
-    n = int(n)
     domain_size = max(int(domain_size), 1)
+    if not is_static(n):
+        n = _array(n)
+        within = scale_up.time(kind, message_bytes, jnp.minimum(n, domain_size))
+        # Evaluated on a group past the domain (masked where n fits in it): the all-to-all
+        # share below divides by n - 1.
+        across = _hierarchical(kind, message_bytes, jnp.maximum(n, domain_size + 1.0),
+                               scale_up, scale_out, domain_size)
+        return jnp.where(n <= domain_size, within, across)
+    n = int(n)
     if n <= domain_size:
         return scale_up.time(kind, message_bytes, n)
+    return _hierarchical(kind, message_bytes, n, scale_up, scale_out, domain_size)
+
+
+def _hierarchical(kind, message_bytes, n, scale_up, scale_out, domain_size):
     inner = domain_size
-    outer = math.ceil(n / domain_size)
+    outer = ceil(n / domain_size)
     message_bytes = _array(message_bytes)
     if kind == "all_reduce":
         return (scale_up.time("reduce_scatter", message_bytes, inner)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .architecture import Model
-from .design import Layout, Precision, SliceMapping
+from .design import Layout, LayoutNumbers, Precision, SliceMapping
+from .static import branch, maximum, minimum
 
 
 def kv_bytes_per_token_layer(model: Model, kv_bytes):
@@ -55,23 +56,23 @@ def kv_growth(model: Model, input_len, output_len, kv_bytes, steps: int = 64):
     return generated, kv_bytes_per_request(model, input_len + generated, kv_bytes)
 
 
-def kv_fraction_per_chip(model: Model, layout: Layout) -> float:
-    """Share of a request's KV cache one chip of its instance holds (static).
+def kv_fraction_per_chip(model: Model, layout: Layout | LayoutNumbers):
+    """Share of a request's KV cache one chip of its instance holds (a float for a static
+    `Layout`, an array for `LayoutNumbers`).
 
     Tensor-parallel GQA splits KV heads over min(tp, K) chips (replicated past K); MLA's latent
     has no head axis, so TP replicates it on every chip; DP attention keeps each request on one
     chip. Pipeline stages split the layers.
     """
-    if layout.dp_attention:
-        share = 1.0
-    elif model.attention == "mla":
+    if model.attention == "mla":
         share = 1.0
     else:
-        share = 1.0 / min(layout.tp, model.num_kv_heads)
+        share = branch(layout.dp_attention, lambda: 1.0,
+                       lambda: 1.0 / minimum(layout.tp, model.num_kv_heads))
     return share / layout.pp
 
 
-def weight_bytes_per_chip(model: Model, layout: Layout, precision: Precision,
+def weight_bytes_per_chip(model: Model, layout: Layout | LayoutNumbers, precision: Precision,
                           mapping: SliceMapping | None = None, num_slices=1.0):
     """Weight bytes resident on one chip (a replicated class is held by every slice).
 
@@ -80,7 +81,7 @@ def weight_bytes_per_chip(model: Model, layout: Layout, precision: Precision,
     """
     attention = model.num_layers * model.attention_params_per_layer
     other = model.non_expert_params - attention
-    attn_share = 1.0 if layout.dp_attention else 1.0 / layout.tp
+    attn_share = branch(layout.dp_attention, lambda: 1.0, lambda: 1.0 / layout.tp)
     parts = {"attention": attention * attn_share * precision.weight_bytes,
              "dense": other / layout.tp * precision.weight_bytes,
              "experts": model.expert_params_total / layout.tp * precision.expert_bytes}
@@ -90,7 +91,8 @@ def weight_bytes_per_chip(model: Model, layout: Layout, precision: Precision,
     return (parts["attention"] + parts["dense"] + parts["experts"]) / layout.pp
 
 
-def profile_activation_bytes(model: Model, layout: Layout, precision: Precision, tokens,
+def profile_activation_bytes(model: Model, layout: Layout | LayoutNumbers,
+                             precision: Precision, tokens,
                              seqs, logit_bytes=4.0):
     """Peak activation bytes per chip of vLLM's memory-profiling forward pass: the HBM it
     keeps out of the KV cache besides the weights (`Runtime.activation_reserve`).
@@ -144,11 +146,11 @@ def profile_activation_bytes(model: Model, layout: Layout, precision: Precision,
     live = 3 if model.gated_mlp else 2
     mlp = live * model.dense_ffn / tp if model.num_dense_layers else 0.0
     if model.is_moe:
-        expert_tp = tp / max(layout.ep, 1)
+        expert_tp = tp / maximum(layout.ep, 1)
         experts = model.experts_per_token * live * model.moe_ffn / expert_tp \
             + model.num_shared_experts * live * model.moe_ffn / tp
-        mlp = max(mlp, experts)
-    layer = tokens * b * (2 * D + max(attention, mlp))
+        mlp = maximum(mlp, experts)
+    layer = tokens * b * (2 * D + maximum(attention, mlp))
     head = tokens * b * D + 2.0 * seqs * model.vocab * logit_bytes
     return jnp.maximum(layer, head)
 
@@ -158,7 +160,8 @@ def kv_capacity_per_chip(chip_capacity, weight_bytes, memory_fraction, activatio
     return chip_capacity * memory_fraction - weight_bytes - activation_reserve
 
 
-def max_batch(model: Model, layout: Layout, precision: Precision, chip_capacity, context,
+def max_batch(model: Model, layout: Layout | LayoutNumbers, precision: Precision,
+              chip_capacity, context,
               memory_fraction=0.9, activation_reserve=4e9, mapping: SliceMapping | None = None,
               num_slices=1.0):
     """Largest number of running sequences per instance whose KV cache fits (float).
@@ -173,5 +176,5 @@ def max_batch(model: Model, layout: Layout, precision: Precision, chip_capacity,
     if mapping is not None:
         per_seq = per_seq * (1.0 + (jnp.asarray(num_slices) - 1.0) * mapping.kv[..., 2])
     # Sequences per chip that fit; DP attention spreads sequences over the tp chips.
-    spread = layout.tp if layout.dp_attention else 1
+    spread = branch(layout.dp_attention, lambda: layout.tp, lambda: 1)
     return free / per_seq * spread

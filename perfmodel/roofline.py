@@ -21,11 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .architecture import Model
-from .design import Design, Layout
+from .design import Design, Layout, LayoutNumbers
 from .hardware import Chip
 from .interconnect import collective_time
 from .moe import expert_load
 from .smooth import DEFAULT_SHARPNESS, smooth_max, smooth_min
+from .static import add_if, branch, logical_and, logical_not, minimum
 
 OPERATOR_NAMES = ("qkv_proj", "attention", "out_proj", "router", "experts", "shared_experts",
                   "dense_ffn", "lm_head", "draft")
@@ -79,13 +80,15 @@ class StepCost(eqx.Module):
     """Seconds the chip runs kernels: operators and collectives, not host overheads (s)."""
 
 
-def operators(model: Model, chip: Chip, design: Design, layout: Layout, decode_seqs,
+def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutNumbers,
+              decode_seqs,
               decode_context, prefill_tokens=0.0, prefill_context=0.0,
               prefill_seqs=0.0) -> tuple[Operator, ...]:
     """Operators of one step on one chip of an instance.
 
     Args:
-        model, chip, design: specs; `layout` is the pool this step runs on.
+        model, chip, design: specs; `layout` is the pool this step runs on (static, or as
+            numbers: `design.LayoutNumbers`).
         decode_seqs: sequences decoding in the step, per instance.
         decode_context: mean tokens in their KV cache.
         prefill_tokens: prompt tokens processed in the step, per instance.
@@ -109,14 +112,12 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
     L = float(model.num_layers)
 
     # Attention runs on its own share of tokens and heads.
-    if layout.dp_attention:
-        attn_tokens, heads, attn_weight_share, kv_share = tokens / tp, N, 1.0, 1.0
-        attn_decode_seqs = decode_seqs / tp
-        attn_prefill = prefill_tokens / tp
-    else:
-        attn_tokens, heads, attn_weight_share = tokens, N / tp, 1.0 / tp
-        kv_share = 1.0 if model.attention == "mla" else 1.0 / min(tp, K)
-        attn_decode_seqs, attn_prefill = decode_seqs, prefill_tokens
+    attn_tokens, heads, attn_weight_share, kv_share, attn_decode_seqs, attn_prefill = branch(
+        layout.dp_attention,
+        lambda: (tokens / tp, N, 1.0, 1.0, decode_seqs / tp, prefill_tokens / tp),
+        lambda: (tokens, N / tp, 1.0 / tp,
+                 1.0 if model.attention == "mla" else 1.0 / minimum(tp, K),
+                 decode_seqs, prefill_tokens))
 
     # Effective attended context per layer kind (sliding layers see at most the window).
     window = float(model.sliding_window or 1)
@@ -153,7 +154,8 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
     kv_write = (attn_decode_seqs * verify + attn_prefill) * L * kv_token_values * kv_share \
         * prec.kv_bytes
     # Chunked prefill re-reads the cached prefix of each request once per chunk.
-    kv_prefix = prefill_seqs / (tp if layout.dp_attention else 1) * prefill_ctx_layers \
+    kv_prefix = prefill_seqs / branch(layout.dp_attention, lambda: tp, lambda: 1) \
+        * prefill_ctx_layers \
         * kv_token_values * kv_share * prec.kv_bytes
     ops = []
 
@@ -220,8 +222,13 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
     return tuple(ops)
 
 
-def _communication(model: Model, chip: Chip, design: Design, layout: Layout, tokens):
-    """Seconds and bytes sent per chip for the collectives of one step."""
+def _communication(model: Model, chip: Chip, design: Design, layout: Layout | LayoutNumbers,
+                   tokens):
+    """Seconds and bytes sent per chip for the collectives of one step.
+
+    Each collective applies where its condition on the layout holds: pruned in Python for a
+    static `Layout`, selected with `jnp.where` for `LayoutNumbers` (where a group of one chip
+    costs nothing, so masked-off collectives stay finite)."""
     a = design.precision.activation_bytes
     D, tp, ep = model.hidden, layout.tp, layout.ep
     L = model.num_layers
@@ -233,29 +240,34 @@ def _communication(model: Model, chip: Chip, design: Design, layout: Layout, tok
 
     time = jnp.zeros_like(message)
     sent = jnp.zeros_like(message)
-    if tp > 1:
-        frac = 2.0 * (tp - 1) / tp
-        if layout.dp_attention:
-            # Attention is local; dense layers gather tokens and scatter results (= one
-            # all-reduce of the instance's tokens); MoE layers dispatch and combine.
-            time = time + n_dense * coll("all_reduce", message, tp)
-            sent = sent + n_dense * frac * message
-            if model.is_moe and ep > 1:
-                per_chip = message / tp * model.experts_per_token
-                time = time + n_moe * 2.0 * coll("all_to_all", per_chip, ep)
-                sent = sent + n_moe * 2.0 * per_chip * (ep - 1) / ep
-                if layout.moe_tp > 1:
-                    time = time + n_moe * coll("all_reduce", message / tp, layout.moe_tp)
-            elif model.is_moe:
-                time = time + n_moe * coll("all_reduce", message, tp)
-                sent = sent + n_moe * frac * message
-        else:
-            # Megatron-style: one all-reduce after attention, one after the FFN or MoE.
-            time = time + 2.0 * L * coll("all_reduce", message, tp)
-            sent = sent + 2.0 * L * frac * message
-    if layout.pp > 1:
-        time = time + (layout.pp - 1) * coll("p2p", message, 2)
-        sent = sent + (layout.pp - 1) / layout.pp * message
+    pp, moe_tp = layout.pp, layout.moe_tp
+    split = tp > 1
+    frac = 2.0 * (tp - 1) / tp
+    # Attention is local under DP attention; dense layers gather tokens and scatter results
+    # (= one all-reduce of the instance's tokens); MoE layers dispatch and combine.
+    dpa = logical_and(split, layout.dp_attention)
+    time = add_if(dpa, time, lambda: n_dense * coll("all_reduce", message, tp))
+    sent = add_if(dpa, sent, lambda: n_dense * frac * message)
+    if model.is_moe:
+        dispatch = logical_and(dpa, ep > 1)
+
+        def per_chip():
+            return message / tp * model.experts_per_token
+
+        time = add_if(dispatch, time,
+                      lambda: n_moe * 2.0 * coll("all_to_all", per_chip(), ep))
+        sent = add_if(dispatch, sent, lambda: n_moe * 2.0 * per_chip() * (ep - 1) / ep)
+        time = add_if(logical_and(dispatch, moe_tp > 1), time,
+                      lambda: n_moe * coll("all_reduce", message / tp, moe_tp))
+        gathered = logical_and(dpa, logical_not(ep > 1))
+        time = add_if(gathered, time, lambda: n_moe * coll("all_reduce", message, tp))
+        sent = add_if(gathered, sent, lambda: n_moe * frac * message)
+    # Megatron-style: one all-reduce after attention, one after the FFN or MoE.
+    megatron = logical_and(split, logical_not(layout.dp_attention))
+    time = add_if(megatron, time, lambda: 2.0 * L * coll("all_reduce", message, tp))
+    sent = add_if(megatron, sent, lambda: 2.0 * L * frac * message)
+    time = add_if(pp > 1, time, lambda: (pp - 1) * coll("p2p", message, 2))
+    sent = add_if(pp > 1, sent, lambda: (pp - 1) / pp * message)
     return time, sent
 
 
@@ -308,7 +320,8 @@ def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip
                           chip, design, decode_seqs_per_chip, sharpness, hard)
 
 
-def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_seqs,
+def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutNumbers,
+              decode_seqs,
               decode_context, prefill_tokens=0.0, prefill_context=0.0, prefill_seqs=0.0,
               sharpness=DEFAULT_SHARPNESS, hard: bool = False,
               vectorize: bool = False) -> StepCost:
@@ -337,8 +350,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout, decode_s
     """
     ops = operators(model, chip, design, layout, decode_seqs, decode_context,
                     prefill_tokens, prefill_context, prefill_seqs)
-    seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / (layout.tp if layout.dp_attention
-                                                             else 1)
+    seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / branch(
+        layout.dp_attention, lambda: layout.tp, lambda: 1)
     runtime = design.runtime
     # Routed experts run at the runtime's expert efficiency; every kernel (collectives
     # included) at its kernel efficiency.

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from .architecture import Model
-from .design import Design, Disaggregated, Layout
+from .design import Design, Disaggregated, Layout, LayoutNumbers
 from .hardware import Chip
 from .kvcache import kv_bytes_per_request, max_batch, weight_bytes_per_chip
 from .power import apply_power_cap, dynamic_energy
@@ -277,6 +277,14 @@ def _validate(model: Model, chip: Chip, workload: Workload, design: Design):
         raise ValueError("workload must be a perfmodel Workload")
     if not isinstance(design, Design):
         raise ValueError("design must be a perfmodel Design")
+    if isinstance(design.layout, LayoutNumbers):
+        # Its degrees may be traced: `_check_layout_numbers` checks them (when `check`).
+        shapes = {key: getattr(design.layout, key).shape for key in
+                  ("tp", "ep", "pp", "replicas", "dp_attention")}
+        if len(set(shapes.values())) > 1:
+            raise ValueError(f"design.layout (LayoutNumbers) fields must share one shape, got "
+                             f"{shapes}; stack whole layouts (Layout.numbers()) to batch them")
+        return
     layouts = [design.layout] if isinstance(design.layout, Layout) else \
         [design.layout.prefill, design.layout.decode]
     for layout in layouts:
@@ -316,6 +324,30 @@ def _check_values(workload: Workload, design: Design, chip: Chip):
     return out
 
 
+def _check_layout_numbers(model: Model, layout: LayoutNumbers) -> LayoutNumbers:
+    """`layout` with its degrees checked by `eqx.error_if` (the checks `Layout` and
+    `_validate` make on a static layout, for degrees that may be traced)."""
+    tp, ep, pp, replicas = layout.tp, layout.ep, layout.pp, layout.replicas
+
+    def count(x):
+        return (x >= 1) & (x == jnp.round(x)) & jnp.isfinite(x)
+
+    tp = eqx.error_if(tp, ~count(tp), "design.layout.tp must be a positive integer")
+    ep = eqx.error_if(ep, ~count(ep) | (jnp.mod(tp, ep) != 0),
+                      "design.layout.ep must be a positive integer dividing design.layout.tp")
+    if model.is_moe:
+        ep = eqx.error_if(ep, jnp.mod(model.num_experts, ep) != 0,
+                          f"design.layout.ep must divide the model's {model.num_experts} "
+                          "experts")
+    pp = eqx.error_if(pp, ~count(pp) | (pp > model.num_layers),
+                      f"design.layout.pp must be a positive integer at most the model's "
+                      f"{model.num_layers} layers")
+    replicas = eqx.error_if(replicas, ~count(replicas),
+                            "design.layout.replicas must be a positive integer")
+    return LayoutNumbers(tp=tp, ep=ep, pp=pp, replicas=replicas,
+                         dp_attention=layout.dp_attention)
+
+
 def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
             sharpness=DEFAULT_SHARPNESS, hard: bool = False, check: bool = True,
             vectorize: bool = False) -> Metrics:
@@ -328,6 +360,9 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         chip: accelerator spec.
         workload: request lengths (and optional open-loop rate).
         design: layout, precisions, mapping, speculative decoding, runtime, concurrency.
+            An aggregated layout may be static (`Layout`: one compile per layout) or numbers
+            (`LayoutNumbers`: traced degrees, one compile for all; vmap over a stack of
+            them); both give the same metrics.
         sharpness: p of the smooth max (traced); ignored when `hard`.
         hard: static; exact max/min for reports.
         check: static; raise on invalid traced values (`eqx.error_if`). Sweeps that prefer
@@ -342,7 +377,8 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
     Raises:
         ValueError: structural misuse (before tracing).
         equinox.EquinoxRuntimeError: invalid traced values (a `RuntimeError`, from
-            `eqx.error_if`, eager and jitted alike), when `check`.
+            `eqx.error_if`, eager and jitted alike), including `LayoutNumbers` degrees that
+            a `Layout` would reject, when `check`.
 
     Example:
         >>> import perfmodel as pm
@@ -367,6 +403,9 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
                              (checked[2], checked[7], checked[8], checked[9]))
         chip = eqx.tree_at(lambda c: (c.hbm_bandwidth, c.peak_flops), chip,
                            (checked[3], checked[4]))
+        if isinstance(design.layout, LayoutNumbers):
+            design = eqx.tree_at(lambda d: d.layout, design,
+                                 _check_layout_numbers(model, design.layout))
     concurrency = design.concurrency
     if workload.request_rate is not None:
         concurrency = _open_loop_concurrency(model, chip, workload, design, sharpness, hard,

@@ -1,0 +1,86 @@
+"""Arithmetic on values that are either static (Python numbers) or arrays.
+
+A parallel layout reaches the model as a static `design.Layout` (Python ints and bools: one
+compiled kernel per layout, with the branches a layout does not take pruned away) or as a
+`design.LayoutNumbers` (arrays, possibly traced or vmapped: one kernel for many layouts).
+These helpers let one formula serve both: on static inputs they run the Python operation,
+so a static layout computes exactly what it computed before arrays were allowed; on arrays
+they run the `jax.numpy` counterpart.
+
+Branches taken by arrays evaluate both sides and select with `jnp.where`, so the side a
+layout does not take must stay finite, in value and gradient, on that layout's inputs (the
+`where`-gradient trap): callers evaluate it on safe inputs (e.g. a group size of at least 2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+_STATIC = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def is_static(*xs) -> bool:
+    """True when every argument is a Python (or NumPy scalar) number or bool."""
+    return all(isinstance(x, _STATIC) for x in xs)
+
+
+def branch(condition, if_true, if_false):
+    """`if_true()` where `condition` holds, else `if_false()`.
+
+    Args:
+        condition: a Python bool (only the branch taken is evaluated) or a boolean array
+            (both are evaluated and selected elementwise with `jnp.where`).
+        if_true, if_false: zero-argument callables returning numbers or arrays, or pytrees
+            (tuples) of them with the same structure.
+
+    Example:
+        >>> branch(True, lambda: 1.0, lambda: 1 / 0)
+        1.0
+        >>> branch(jnp.asarray([True, False]), lambda: 1.0, lambda: 2.0).tolist()
+        [1.0, 2.0]
+    """
+    if is_static(condition):
+        return if_true() if condition else if_false()
+    condition = jnp.asarray(condition, dtype=bool)
+    a, b = if_true(), if_false()
+    if isinstance(a, tuple):
+        return tuple(jnp.where(condition, x, y) for x, y in zip(a, b, strict=True))
+    return jnp.where(condition, a, b)
+
+
+def add_if(condition, total, increment):
+    """`total + increment()` where `condition` holds, else `total` (not evaluated when
+    `condition` is a Python False)."""
+    if is_static(condition):
+        return total + increment() if condition else total
+    return jnp.where(jnp.asarray(condition, dtype=bool), total + increment(), total)
+
+
+def logical_and(a, b):
+    """`a and b` on Python bools, `jnp.logical_and` otherwise."""
+    if is_static(a, b):
+        return bool(a and b)
+    return jnp.logical_and(a, b)
+
+
+def logical_not(a):
+    """`not a` on a Python bool, `jnp.logical_not` otherwise."""
+    return (not a) if is_static(a) else jnp.logical_not(a)
+
+
+def minimum(a, b):
+    """`min` on Python numbers, `jnp.minimum` otherwise."""
+    return min(a, b) if is_static(a, b) else jnp.minimum(a, b)
+
+
+def maximum(a, b):
+    """`max` on Python numbers, `jnp.maximum` otherwise."""
+    return max(a, b) if is_static(a, b) else jnp.maximum(a, b)
+
+
+def ceil(x):
+    """`math.ceil` on a Python number, `jnp.ceil` otherwise."""
+    return math.ceil(x) if is_static(x) else jnp.ceil(x)
