@@ -57,6 +57,7 @@ from .design import (
     STATE_CLASSES,
     Design,
     Disaggregated,
+    Layout,
     Precision,
     Runtime,
     SliceMapping,
@@ -953,11 +954,48 @@ def _unpack(flat: np.ndarray, key: tuple):
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def _counted_solve_layouts(*args, layouts, **kwargs):
+    """`_counted_solve` of every layout of `layouts` (static `Layout`s, at least two) in one
+    kernel: the layouts enter as numbers (`Layout.numbers()`, stacked) and `jax.vmap` runs
+    their searches side by side, so the kernel's cost per Adam step is about that of one
+    layout (XLA:CPU pays per operation at this size, not per number). One row per layout."""
+    TRACES[("solve", kwargs["model"].name, "+".join(x.describe() for x in layouts),
+            kwargs["objective"])] += 1
+    numbers = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
+                                     *[x.numbers() for x in layouts])
+
+    def one(layout):
+        leaves, treedef = jax.tree_util.tree_flatten(_solve_impl(*args, layout=layout,
+                                                                 **kwargs))
+        _SOLVE_OUTPUTS[_solve_key(args[1], args[3], dict(kwargs, layout=layouts))] = (
+            treedef, [(x.shape, x.dtype) for x in leaves])
+        return jnp.concatenate([jnp.ravel(x).astype(float) for x in leaves])
+
+    return jax.vmap(one)(numbers)
+
+
 #: Traces of the compiled kernels by (kernel, model, layout, objective): targets,
 #: temperatures and penalty weights are traced, so a new target must not add one.
 TRACES: collections.Counter = collections.Counter()
 
 _solve = _jit(_counted_solve, ("model", "layout", "objective", "learning_rate"))
+_solve_layouts = _jit(_counted_solve_layouts, ("model", "layouts", "objective",
+                                               "learning_rate"))
+
+
+def _branch_groups(layouts) -> list:
+    """How the branches run. With more aggregated layouts than cores, they share one
+    vmapped kernel per core (tuples of layouts, as numbers); otherwise each layout, and
+    always each disaggregated one (its pools stay static), has a static kernel of its own.
+    A vmapped kernel is arithmetic-bound with many layouts and costs more than a static one
+    with few, so it pays only past one layout per core (`benchmarks/bench_optimize.py
+    --layouts 13` against `--layouts 2`)."""
+    cores = os.cpu_count() or 1
+    aggregated = [x for x in layouts if isinstance(x, Layout)]
+    alone = [x for x in layouts if not isinstance(x, Layout)]
+    if len(aggregated) <= cores:
+        return aggregated + alone
+    return [tuple(aggregated[i::cores]) for i in range(cores)] + alone
 
 
 def _hard_impl(indices, chip, workload, tables, tgt, *, model, layout, objective):
@@ -1257,14 +1295,22 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
               _device(tables), tgt, scalars[0], _device(_moves(space.shape)),
               scalars[1])
     static = dict(model=model, objective=objective, learning_rate=float(learning_rate))
-    pending = _map_branches(lambda layout: _solve(*inputs, layout=layout, **static),
-                            space.layouts)
+    groups = _branch_groups(space.layouts)
+
+    def run(group):
+        if isinstance(group, tuple):
+            return _solve_layouts(*inputs, layouts=group, **static)
+        return _solve(*inputs, layout=group, **static)
+
+    pending = _map_branches(run, groups)
     branches = []
-    for layout, flat in zip(space.layouts, jax.device_get(pending), strict=True):
-        lam_out, trace, final, hardened = _unpack(
-            flat, _solve_key(lam, temps, dict(static, layout=layout)))
-        branches.append(dict(layout=layout, lam=lam_out, final=final, trace=trace,
-                             hardened=hardened))
+    for group, flat in zip(groups, jax.device_get(pending), strict=True):
+        rows = zip(group, flat, strict=True) if isinstance(group, tuple) else [(group, flat)]
+        for layout, row in rows:
+            lam_out, trace, final, hardened = _unpack(
+                row, _solve_key(lam, temps, dict(static, layout=group)))
+            branches.append(dict(layout=layout, lam=lam_out, final=final, trace=trace,
+                                 hardened=hardened))
     evaluations = int(sum(b["hardened"]["evaluations"] for b in branches))
     bi = int(np.argmax([b["hardened"]["rank"] for b in branches]))
     branch = branches[bi]

@@ -275,6 +275,28 @@ def test_reverse_mode_gradients_of_the_search(groups, name):
         np.testing.assert_allclose(r, f, rtol=1e-8, atol=1e-12)
 
 
+def test_many_layouts_share_vmapped_kernels(monkeypatch):
+    """With more aggregated layouts than cores, the layouts' searches share one vmapped
+    kernel per core (layouts as numbers); the result still lands on the grid's optimum."""
+    monkeypatch.setattr(po.os, "cpu_count", lambda: 2)
+    chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
+    workload = pm.Workload(1024, 256)
+    space = po.design_space(model, chip, 8, concurrency=[2 ** k for k in range(11)],
+                            formats={"weights": ("fp8", "bf16"), "kv": ("fp8",)})
+    groups = po._branch_groups(space.layouts)
+    assert len(space.layouts) > 2 and len(groups) == 2
+    assert all(isinstance(g, tuple) for g in groups)
+    for limits in (dict(max_tpot_ms=6), dict(max_tpot_ms=15, max_power_w=600),
+                   dict(max_tpot_ms=0.2)):
+        tgt = po.targets(chips=8, **limits)
+        result = po.optimize(model, chip, workload, space, tgt)
+        best = po.exhaustive(model, chip, workload, space, tgt)
+        assert result.feasible == best.feasible, limits
+        if best.feasible:
+            assert result.objective_value >= 0.98 * best.objective_value, (
+                limits, result.design, best.design)
+
+
 def test_validation_errors():
     chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
     with pytest.raises(ValueError, match="max_tpot_ms"):
