@@ -9,10 +9,12 @@ class, power cap, parallel layout) is relaxed for gradients:
 - number formats and slice placements are softmaxes over the allowed options with a traced
   temperature; the model consumes them directly (`Precision` bytes and compute-class
   vectors, `SliceMapping` probabilities are numbers, so a mixture is a valid input);
-- parallel layouts are static structure (they decide array shapes and collectives): each
-  layout is a *branch* with its own continuous variables, all branches are optimized
-  together, and the relaxed layout choice is a softmax over the branches' losses with a
-  traced temperature (`layout_weights`), which hardening turns into an argmax.
+- parallel layouts are not relaxed: each layout is a *branch* with its own continuous
+  variables, all branches are optimized together, and the relaxed layout choice is a
+  softmax over the branches' losses with a traced temperature (`layout_weights`), which
+  hardening turns into an argmax. A branch runs in a kernel compiled for its static
+  layout, or, when a grid has more aggregated layouts than cores, with other layouts in
+  one vmapped kernel per core (the layouts as numbers, `Layout.numbers()`).
 
 Constraints enter through an augmented Lagrangian (Rockafellar 1973; Nocedal & Wright,
 "Numerical Optimization", 2nd ed., eq. 17.65 for inequalities), each written as a

@@ -77,11 +77,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--usd-per-kwh", type=float, default=None,
                         help="electricity price for usd_per_mtok")
     parser.add_argument("--steps", type=positive_int, default=None,
-                        help="Adam steps (default: optimize's, 24); more steps converge the "
-                             "relaxed solution further")
+                        help="Adam steps (default: perfmodel.optimize.optimize's); more "
+                             "steps converge the relaxed solution further")
     parser.add_argument("--blocks", type=positive_int, default=None,
                         help="augmented-Lagrangian blocks the steps are split into "
-                             "(default: optimize's, 4)")
+                             "(default: perfmodel.optimize.optimize's)")
     parser.add_argument("--check-exhaustive", action="store_true",
                         help="also enumerate the whole grid and report its best design")
     add_format_arg(parser)
