@@ -14,7 +14,12 @@ class, power cap, parallel layout) is relaxed for gradients:
   softmax over the branches' losses with a traced temperature (`layout_weights`), which
   hardening turns into an argmax. A branch runs in a kernel compiled for its static
   layout, or, when a grid has more aggregated layouts than cores, with other layouts in
-  one vmapped kernel per core (the layouts as numbers, `Layout.numbers()`).
+  one vmapped kernel per core (the layouts as numbers, `Layout.numbers()`). With more
+  layouts than `keep_layouts`, every branch runs the first augmented-Lagrangian block,
+  is screened there (exactly, along the concurrency line through its rounded design,
+  and by its relaxed loss), and only the best continue, in static kernels, from where
+  their first block ended: successive halving, as in Hyperband (Li et al., JMLR 18,
+  2018), with one rung.
 
 Constraints enter through an augmented Lagrangian (Rockafellar 1973; Nocedal & Wright,
 "Numerical Optimization", 2nd ed., eq. 17.65 for inequalities), each written as a
@@ -695,59 +700,133 @@ def _branch_pool() -> concurrent.futures.ThreadPoolExecutor:
                                                  thread_name_prefix="perfmodel-branch")
 
 
-def _search_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, *,
-                 model, layout, objective, learning_rate):
-    """The whole augmented-Lagrangian schedule of one branch in one kernel, vmapped over
-    the starts: `temperatures` is (blocks, inner); Adam runs `inner` steps per block, then
-    lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the violation does not halve.
+def _relaxed_loss(template, chip, workload, tables, tgt, sharpness, *, model, layout,
+                  objective):
+    """`loss(flat, lam, mu, temperature) -> (augmented loss, (score, g))` of one start's
+    flattened parameters, and `unravel` from them back to `Relaxed` (`template`'s
+    structure). Through the model's vectorized evaluation order (`vectorize=True`)."""
+    _, unravel = jax.flatten_util.ravel_pytree(template)
 
-    Gradients are reverse mode over the flattened parameters, through the model's
-    vectorized evaluation order (`vectorize=True`): XLA:CPU pays per operation, not per
-    number, at this size, and with the operators stacked a reverse pass has fewer
-    operations than a forward pass carrying ~20 tangents (per-operator, it was the other
-    way round). `tests/test_optimize.py` checks them against forward mode.
-    """
+    def loss(flat, lam_, mu_, temperature):
+        choice = unravel(flat).choice(tables, temperature)
+        score, g, _, _ = evaluate(model, chip, workload, layout, tables, choice, tgt,
+                                  objective, sharpness, vectorize=True)
+        return _augmented_loss(score, g, lam_, mu_), (score, g)
+
+    return loss, unravel
+
+
+def _run_blocks(loss, optimizer, carry, temperatures):
+    """Augmented-Lagrangian blocks of one start from `carry` = (flat parameters, Adam state,
+    lam, mu, last violation): per row of `temperatures` (blocks, inner), Adam runs `inner`
+    steps, then lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the violation
+    does not halve. Returns the carry, the per-step (score, g), the (lam, mu) each block
+    used, and the (loss, score) at each block's end under them.
+
+    Gradients are reverse mode: XLA:CPU pays per operation, not per number, at this size,
+    and with the operators stacked a reverse pass has fewer operations than a forward pass
+    carrying ~20 tangents (per-operator, it was the other way round).
+    `tests/test_optimize.py` checks them against forward mode."""
+
+    def block(carry, temps):
+        flat, state, lam_, mu_, previous = carry
+
+        def step(inner, temperature):
+            x, st = inner
+            grads, (score, g) = jax.grad(loss, has_aux=True)(x, lam_, mu_, temperature)
+            updates, st = optimizer.update(grads, st, x)
+            return (optax.apply_updates(x, updates), st), (score, g)
+
+        (flat, state), trace = jax.lax.scan(step, (flat, state), temps)
+        end, (score, g) = loss(flat, lam_, mu_, temps[-1])
+        violation = jnp.max(jnp.maximum(g, 0.0))
+        used = (lam_, mu_)
+        mu_ = jnp.where(violation > 0.5 * previous, jnp.minimum(mu_ * 2.0, 1e4), mu_)
+        lam_ = jnp.maximum(lam_ + used[1] * g, 0.0)
+        return (flat, state, lam_, mu_, violation), (trace, used, (end, score))
+
+    return jax.lax.scan(block, carry, temperatures)
+
+
+def _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, *,
+               model, layout, objective, learning_rate, head_blocks):
+    """The first `head_blocks` blocks of the relaxed search of one branch, vmapped over the
+    starts (`params` stacked): (carry, (scores, gs) per step, (lams, mus) per block,
+    (losses, scores) at each block's end), all with a leading start axis."""
     optimizer = _optimizer(learning_rate)
+    loss, _ = _relaxed_loss(jax.tree_util.tree_map(lambda x: x[0], params), chip, workload,
+                            tables, tgt, sharpness, model=model, layout=layout,
+                            objective=objective)
 
     def one_start(p0, lam0, mu0):
-        flat0, unravel = jax.flatten_util.ravel_pytree(p0)
-
-        def loss(flat, lam_, mu_, temperature):
-            choice = unravel(flat).choice(tables, temperature)
-            score, g, _, _ = evaluate(model, chip, workload, layout, tables, choice, tgt,
-                                      objective, sharpness, vectorize=True)
-            return _augmented_loss(score, g, lam_, mu_), (score, g)
-
-        def block(carry, temps):
-            flat, state, lam_, mu_, previous = carry
-
-            def step(inner, temperature):
-                x, st = inner
-                grads, (score, g) = jax.grad(loss, has_aux=True)(x, lam_, mu_, temperature)
-                updates, st = optimizer.update(grads, st, x)
-                return (optax.apply_updates(x, updates), st), (score, g)
-
-            (flat, state), trace = jax.lax.scan(step, (flat, state), temps)
-            _, (_, g) = loss(flat, lam_, mu_, temps[-1])
-            violation = jnp.max(jnp.maximum(g, 0.0))
-            used = (lam_, mu_)
-            mu_ = jnp.where(violation > 0.5 * previous, jnp.minimum(mu_ * 2.0, 1e4), mu_)
-            lam_ = jnp.maximum(lam_ + used[1] * g, 0.0)
-            return (flat, state, lam_, mu_, violation), (trace, used)
-
+        flat0, _ = jax.flatten_util.ravel_pytree(p0)
         carry = (flat0, optimizer.init(flat0), lam0, mu0, jnp.asarray(jnp.inf, dtype=float))
-        (flat, _, lam_out, _, _), ((scores, gs), (lams, mus)) = jax.lax.scan(
-            block, carry, temperatures)
-        # The relaxed side of the report, and its loss under the last block's multipliers.
-        p = unravel(flat)
+        carry, ((scores, gs), used, ends) = _run_blocks(loss, optimizer, carry,
+                                                        temperatures[:head_blocks])
+        return carry, (scores.reshape(-1), gs.reshape(-1, gs.shape[-1])), used, ends
+
+    return jax.vmap(one_start)(params, lam, mu)
+
+
+def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpness, moves,
+               max_iterations, *, model, layout, objective, learning_rate, head_blocks):
+    """The rest of one branch from `_head_impl`'s result `head`: the remaining blocks, the
+    relaxed side of the report (at the last temperature, with its loss under the last
+    block's multipliers), then rounding, repair and polish (`_harden`). Returns (lam after
+    the last block, per-step (scores, gs), relaxed (loss, score, g, metrics, value),
+    hardened), with a leading start axis where per start."""
+    optimizer = _optimizer(learning_rate)
+    loss, unravel = _relaxed_loss(jax.tree_util.tree_map(lambda x: x[0], params), chip,
+                                  workload, tables, tgt, sharpness, model=model,
+                                  layout=layout, objective=objective)
+
+    def one_start(carry, trace, used):
+        carry, ((scores, gs), (lams, mus), _) = _run_blocks(loss, optimizer, carry,
+                                                            temperatures[head_blocks:])
+        scores = jnp.concatenate([trace[0], scores.reshape(-1)])
+        gs = jnp.concatenate([trace[1], gs.reshape(-1, gs.shape[-1])])
+        lam_last = jnp.concatenate([used[0], lams])[-1]
+        mu_last = jnp.concatenate([used[1], mus])[-1]
+        p = unravel(carry[0])
         choice = p.choice(tables, temperatures[-1, -1])
         score, g, metrics, value = evaluate(model, chip, workload, layout, tables, choice,
                                             tgt, objective, sharpness, vectorize=True)
-        final_loss = _augmented_loss(score, g, lams[-1], mus[-1])
-        return p, lam_out, (scores.reshape(-1), gs.reshape(-1, g.shape[-1])), (
-            final_loss, score, g, metrics.arrays(), value)
+        final_loss = _augmented_loss(score, g, lam_last, mu_last)
+        return p, carry[2], (scores, gs), (final_loss, score, g, metrics.arrays(), value)
 
-    return jax.vmap(one_start)(params, lam, mu)
+    carry, trace, used, _ = head
+    p, lam_out, trace, final = jax.vmap(one_start)(carry, trace, used)
+    hardened = _harden(p, chip, workload, tables, tgt, moves, max_iterations, model=model,
+                       layout=layout, objective=objective)
+    return lam_out, trace, final, hardened
+
+
+def _screen_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, *,
+                 model, layout, objective, learning_rate, head_blocks):
+    """`_head_impl`, and what ranks the branch against the others after it, per start: the
+    augmented loss at the head's end, and the exact rank (`_rank`) of the best grid design
+    on the concurrency line through the design the parameters round to there (its
+    formats, placements and power cap at every grid concurrency, `hard=True`). Returns
+    (head, [losses, line ranks])."""
+    head = _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness,
+                      model=model, layout=layout, objective=objective,
+                      learning_rate=learning_rate, head_blocks=head_blocks)
+    _, unravel = jax.flatten_util.ravel_pytree(jax.tree_util.tree_map(lambda x: x[0], params))
+    carry, _, _, (losses, _) = head
+
+    def line(flat):
+        index = _round_index(tables, unravel(flat))
+        n = tables.log_concurrency.shape[0]
+        indices = jnp.tile(index, (n, 1)).at[:, 0].set(jnp.arange(n, dtype=index.dtype))
+
+        def one(i):
+            score, g, _, _ = evaluate(model, chip, workload, layout, tables,
+                                      _index_choice(tables, i), tgt, objective, hard=True)
+            return _rank(score, g)
+
+        return jnp.max(jax.vmap(one)(indices))
+
+    return head, jnp.concatenate([losses[:, -1], jax.vmap(line)(carry[0])])
 
 
 def _round_index(tables: _Tables, params: Relaxed):
@@ -907,14 +986,14 @@ def _shadow_prices(sensitivity: dict, active: np.ndarray) -> np.ndarray:
 
 def _solve_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, moves,
                 max_iterations, *, model, layout, objective, learning_rate):
-    """One branch end to end in one kernel: the relaxed search (`_search_impl`), then
-    rounding, repair and polish (`_harden`)."""
-    p, lam_out, trace, final = _search_impl(
-        params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, model=model,
-        layout=layout, objective=objective, learning_rate=learning_rate)
-    hardened = _harden(p, chip, workload, tables, tgt, moves, max_iterations, model=model,
-                       layout=layout, objective=objective)
-    return lam_out, trace, final, hardened
+    """One branch end to end in one kernel: the relaxed search (`_head_impl`, `_tail_impl`),
+    then rounding, repair and polish (`_harden`)."""
+    static = dict(model=model, layout=layout, objective=objective,
+                  learning_rate=learning_rate, head_blocks=1)
+    head = _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness,
+                      **static)
+    return _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpness,
+                      moves, max_iterations, **static)
 
 
 @functools.cache
@@ -922,31 +1001,31 @@ def _optimizer(learning_rate: float):
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
 
 
-def _solve_key(lam, temperatures, kwargs) -> tuple:
-    """What fixes the structure of `_solve_impl`'s result: the static arguments, the
-    number of starts and constraints (`lam`) and the schedule's shape (`temperatures`)."""
-    return (tuple(sorted(kwargs.items())), tuple(lam.shape), tuple(temperatures.shape))
+def _solve_key(params, temperatures, kwargs) -> tuple:
+    """What fixes the structure of a branch's result (`_tail_impl`): the static arguments,
+    the number of starts (`params`' leading axis) and the schedule's shape
+    (`temperatures`)."""
+    starts = jax.tree_util.tree_leaves(params)[0].shape[0]
+    return (tuple(sorted((k, v) for k, v in kwargs.items() if k != "head_blocks")), starts,
+            tuple(temperatures.shape))
 
 
-#: Structure of `_solve_impl`'s result by `_solve_key`, recorded when it is traced.
+#: Structure of a branch's packed result by `_solve_key`, recorded when it is traced.
 _SOLVE_OUTPUTS: dict = {}
 
 
-def _counted_solve(*args, **kwargs):
-    """`_solve_impl` with its result packed into one float vector: one device-to-host copy
-    instead of about 60 (each costs more than the whole local search on CPU). Its
-    structure is recorded here, at trace time, for `_unpack`; indices and counts are small
+def _pack(tree, key) -> jnp.ndarray:
+    """`tree` packed into one float vector: one device-to-host copy instead of about 60
+    (each costs more than the whole local search on CPU). Its structure is recorded in
+    `_SOLVE_OUTPUTS[key]`, at trace time, for `_unpack`; indices and counts are small
     integers, exact in float."""
-    TRACES[("solve", kwargs["model"].name, kwargs["layout"].describe(),
-            kwargs["objective"])] += 1
-    leaves, treedef = jax.tree_util.tree_flatten(_solve_impl(*args, **kwargs))
-    _SOLVE_OUTPUTS[_solve_key(args[1], args[3], kwargs)] = (
-        treedef, [(x.shape, x.dtype) for x in leaves])
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    _SOLVE_OUTPUTS[key] = (treedef, [(x.shape, x.dtype) for x in leaves])
     return jnp.concatenate([jnp.ravel(x).astype(float) for x in leaves])
 
 
 def _unpack(flat: np.ndarray, key: tuple):
-    """The pytree `_counted_solve` packed into `flat` (host arrays)."""
+    """The pytree `_pack` packed into `flat` (host arrays)."""
     treedef, specs = _SOLVE_OUTPUTS[key]
     leaves, offset = [], 0
     for shape, dtype in specs:
@@ -956,6 +1035,18 @@ def _unpack(flat: np.ndarray, key: tuple):
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
+def _stacked_numbers(layouts):
+    """Static layouts as one `LayoutNumbers` with a leading layout axis."""
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[x.numbers() for x in layouts])
+
+
+def _counted_solve(*args, **kwargs):
+    """`_solve_impl`, packed (`_pack`)."""
+    TRACES[("solve", kwargs["model"].name, kwargs["layout"].describe(),
+            kwargs["objective"])] += 1
+    return _pack(_solve_impl(*args, **kwargs), _solve_key(args[0], args[3], kwargs))
+
+
 def _counted_solve_layouts(*args, layouts, **kwargs):
     """`_counted_solve` of every layout of `layouts` (static `Layout`s, at least two) in one
     kernel: the layouts enter as numbers (`Layout.numbers()`, stacked) and `jax.vmap` runs
@@ -963,17 +1054,35 @@ def _counted_solve_layouts(*args, layouts, **kwargs):
     layout (XLA:CPU pays per operation at this size, not per number). One row per layout."""
     TRACES[("solve", kwargs["model"].name, "+".join(x.describe() for x in layouts),
             kwargs["objective"])] += 1
-    numbers = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
-                                     *[x.numbers() for x in layouts])
+    key = _solve_key(args[0], args[3], dict(kwargs, layout=layouts))
+    return jax.vmap(lambda layout: _pack(_solve_impl(*args, layout=layout, **kwargs), key))(
+        _stacked_numbers(layouts))
 
-    def one(layout):
-        leaves, treedef = jax.tree_util.tree_flatten(_solve_impl(*args, layout=layout,
-                                                                 **kwargs))
-        _SOLVE_OUTPUTS[_solve_key(args[1], args[3], dict(kwargs, layout=layouts))] = (
-            treedef, [(x.shape, x.dtype) for x in leaves])
-        return jnp.concatenate([jnp.ravel(x).astype(float) for x in leaves])
 
-    return jax.vmap(one)(numbers)
+def _counted_screen(*args, **kwargs):
+    """`_screen_impl` of one static layout, with a leading layout axis of 1 (as
+    `_counted_screen_layouts` has one per layout)."""
+    TRACES[("screen", kwargs["model"].name, kwargs["layout"].describe(),
+            kwargs["objective"])] += 1
+    return jax.tree_util.tree_map(lambda x: x[None], _screen_impl(*args, **kwargs))
+
+
+def _counted_screen_layouts(*args, layouts, **kwargs):
+    """`_screen_impl` of every layout of `layouts` in one vmapped kernel (as
+    `_counted_solve_layouts`)."""
+    TRACES[("screen", kwargs["model"].name, "+".join(x.describe() for x in layouts),
+            kwargs["objective"])] += 1
+    return jax.vmap(lambda layout: _screen_impl(*args, layout=layout, **kwargs))(
+        _stacked_numbers(layouts))
+
+
+def _counted_finish(heads, row, *args, **kwargs):
+    """`_tail_impl` of one static layout from row `row` of a screening kernel's heads,
+    packed (`_pack`) like `_counted_solve`."""
+    TRACES[("finish", kwargs["model"].name, kwargs["layout"].describe(),
+            kwargs["objective"])] += 1
+    head = jax.tree_util.tree_map(lambda x: x[row], heads)
+    return _pack(_tail_impl(head, *args, **kwargs), _solve_key(args[0], args[1], kwargs))
 
 
 #: Traces of the compiled kernels by (kernel, model, layout, objective): targets,
@@ -983,6 +1092,31 @@ TRACES: collections.Counter = collections.Counter()
 _solve = _jit(_counted_solve, ("model", "layout", "objective", "learning_rate"))
 _solve_layouts = _jit(_counted_solve_layouts, ("model", "layouts", "objective",
                                                "learning_rate"))
+_screen = _jit(_counted_screen, ("model", "layout", "objective", "learning_rate",
+                                 "head_blocks"))
+_screen_layouts = _jit(_counted_screen_layouts, ("model", "layouts", "objective",
+                                                 "learning_rate", "head_blocks"))
+_finish = _jit(_counted_finish, ("model", "layout", "objective", "learning_rate",
+                                 "head_blocks"))
+
+
+def _screen_order(entries: list, n_starts: int) -> list:
+    """Branches in the order they continue after the first block. `entries` are (screen
+    row, ...) with the row [losses, line ranks] of `_screen_impl`: the best line rank
+    first, then the lowest relaxed loss, then alternately by each (each rank without the
+    branches already placed). The exact line finds the best layout for a given relaxed
+    format and placement choice; the relaxed loss still sees a layout whose choice has not
+    settled yet (`benchmarks/bench_layouts.py` reports where the grid's best layout
+    ranks)."""
+    by_line = sorted(entries, key=lambda e: -float(np.max(e[0][n_starts:])))
+    by_loss = sorted(entries, key=lambda e: float(np.min(e[0][:n_starts])))
+    order, placed = [], set()
+    for pair in zip(by_line, by_loss, strict=True):
+        for entry in pair:
+            if id(entry) not in placed:
+                placed.add(id(entry))
+                order.append(entry)
+    return order
 
 
 def _branch_groups(layouts) -> list:
@@ -1169,15 +1303,18 @@ class OptimizeResult:
     relaxed_metrics: dict
     relaxed_objective_value: float
     layout_weights: dict
-    """Relaxed layout choice: softmax of minus each branch's final loss / temperature."""
+    """Relaxed layout choice: softmax of minus each branch's final loss / temperature (0 for
+    the layouts in `screened_out`)."""
     trajectory: dict
     """Per Adam step, for the chosen branch: score, max violation, temperature."""
     evaluations: int
-    """Hard evaluations spent in hardening and local search."""
+    """Hard evaluations spent in screening, hardening and local search."""
     wall_s: float
     result: str
     """"feasible" or "infeasible"."""
     closest: dict | None = None
+    screened_out: list = dataclasses.field(default_factory=list)
+    """Layouts dropped after the first block (`keep_layouts`), best first."""
     blocking: dict = dataclasses.field(default_factory=dict)
     """Constraints that better-scoring grid neighbours violate, with the limit the nearest
     of them would need: why the grid design stops where it does (no shadow price)."""
@@ -1193,7 +1330,8 @@ class OptimizeResult:
         """JSON-ready dict (the `perfmodel optimize --format json` keys)."""
         keys = ("design", "metrics", "objective", "objective_value", "feasible", "binding",
                 "blocking", "multipliers", "relaxed_metrics", "relaxed_objective_value",
-                "layout_weights", "evaluations", "wall_s", "result", "closest")
+                "layout_weights", "screened_out", "evaluations", "wall_s", "result",
+                "closest")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -1232,12 +1370,17 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
              objective: str = "tok_s_per_kw", *, steps: int = 24, blocks: int = 4,
              learning_rate: float = 0.2, temperature=(1.0, 0.05), starts=(0.3, 0.7),
              mu=10.0, sharpness=DEFAULT_SHARPNESS, binding_tol: float = 0.03,
-             max_iterations: int = 40, throw: bool = False) -> OptimizeResult:
+             max_iterations: int = 40, keep_layouts: int | None = 2,
+             throw: bool = False) -> OptimizeResult:
     """Find the best design of `space` under `tgt` by gradient descent, then harden it.
 
     Every layout is a branch; each branch runs `len(starts)` Adam trajectories (vectorized)
     for `steps` steps split into `blocks` augmented-Lagrangian blocks, with the softmax
-    temperature annealed geometrically from `temperature[0]` to `temperature[1]`.
+    temperature annealed geometrically from `temperature[0]` to `temperature[1]`. With
+    more layouts than `keep_layouts`, every branch runs the first block only and is
+    screened there: the `keep_layouts` best continue (`_screen_order`: the best exact
+    design on the concurrency line through each branch's rounded relaxed design, and the
+    lowest relaxed loss), the others are reported in `screened_out`.
 
     Args:
         model, chip, workload: what is served, on what.
@@ -1258,6 +1401,10 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
             of its limit, or when a better-scoring grid neighbour violates it.
         max_iterations: cap on the local search's moves (each evaluates one neighbourhood,
             ~100 designs, exactly).
+        keep_layouts: layouts searched past the first block when the grid has more (None:
+            all). The screen costs one block and an exact concurrency line per layout; on
+            `benchmarks/bench_layouts.py`'s multi-layout scenarios the default finds the
+            grid's optimum within 2% in every one.
         throw: raise `RuntimeError` when no feasible design is found.
 
     Returns:
@@ -1282,6 +1429,9 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
                          f"blocks={blocks}")
     if not starts or any(not 0 < s < 1 for s in starts):
         raise ValueError("optimize: starts are positions in (0, 1)")
+    if keep_layouts is not None and (not isinstance(keep_layouts, int) or keep_layouts < 1):
+        raise ValueError(f"optimize: keep_layouts is a number of layouts >= 1, or None to "
+                         f"search every layout to the end; got {keep_layouts!r}")
     t0 = time.perf_counter()
     tables = _tables(space, chip)
     inner = steps // blocks
@@ -1293,27 +1443,67 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     # any result is read. Its inputs that do not change between calls (tables, starts,
     # schedule, neighbourhood) are cached on the device: a numpy argument costs jit a copy on
     # every call (about 0.1 ms for the 30 of them, a tenth of a small search).
-    inputs = (_device(_initial_stack(space, tuple(starts))), lam, mus, temps, chip, workload,
-              _device(tables), tgt, scalars[0], _device(_moves(space.shape)),
-              scalars[1])
+    params, tables_d = _device(_initial_stack(space, tuple(starts))), _device(tables)
     static = dict(model=model, objective=objective, learning_rate=float(learning_rate))
-    groups = _branch_groups(space.layouts)
+    screen = keep_layouts is not None and blocks > 1 and len(space.layouts) > keep_layouts
+    branches, screened = [], []
+    if not screen:
+        inputs = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0],
+                  _device(_moves(space.shape)), scalars[1])
+        groups = _branch_groups(space.layouts)
 
-    def run(group):
-        if isinstance(group, tuple):
-            return _solve_layouts(*inputs, layouts=group, **static)
-        return _solve(*inputs, layout=group, **static)
+        def run(group):
+            if isinstance(group, tuple):
+                return _solve_layouts(*inputs, layouts=group, **static)
+            return _solve(*inputs, layout=group, **static)
 
-    pending = _map_branches(run, groups)
-    branches = []
-    for group, flat in zip(groups, jax.device_get(pending), strict=True):
-        rows = zip(group, flat, strict=True) if isinstance(group, tuple) else [(group, flat)]
-        for layout, row in rows:
-            lam_out, trace, final, hardened = _unpack(
-                row, _solve_key(lam, temps, dict(static, layout=group)))
-            branches.append(dict(layout=layout, lam=lam_out, final=final, trace=trace,
-                                 hardened=hardened))
+        pending = _map_branches(run, groups)
+        for group, flat in zip(groups, jax.device_get(pending), strict=True):
+            rows = zip(group, flat, strict=True) if isinstance(group, tuple) else [(group, flat)]
+            for layout, row in rows:
+                branches.append(dict(layout=layout, row=row,
+                                     key=_solve_key(params, temps, dict(static, layout=group))))
+    else:
+        # Every layout runs the first block (one vmapped kernel per core, or a static one
+        # each, as `_branch_groups` says); the `keep_layouts` best by the screen continue,
+        # each in a static kernel from where its first block ended.
+        static["head_blocks"] = 1
+        groups = _branch_groups(space.layouts)
+
+        def run_head(group):
+            args = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0])
+            if isinstance(group, tuple):
+                return _screen_layouts(*args, layouts=group, **static)
+            return _screen(*args, layout=group, **static)
+
+        heads = _map_branches(run_head, groups)
+        entries = []
+        for group, screens in zip(groups, jax.device_get([h[1] for h in heads]),
+                                  strict=True):
+            members = group if isinstance(group, tuple) else (group,)
+            for row, (layout, values) in enumerate(zip(members, screens, strict=True)):
+                entries.append((values, layout, group, row))
+        order = _screen_order(entries, len(starts))
+        kept = order[:keep_layouts]
+        screened = [_layout_name(e[1]) for e in order[keep_layouts:]]
+        moves = _device(_moves(space.shape))
+        head_of = {id(g): h[0] for g, h in zip(groups, heads, strict=True)}
+
+        def run_tail(entry):
+            _, layout, group, row = entry
+            return _finish(head_of[id(group)], np.int32(row), params, temps, chip, workload,
+                           tables_d, tgt, scalars[0], moves, scalars[1], layout=layout,
+                           **static)
+
+        pending = _map_branches(run_tail, kept)
+        for (_, layout, _, _), row in zip(kept, jax.device_get(pending), strict=True):
+            branches.append(dict(layout=layout, row=row,
+                                 key=_solve_key(params, temps, dict(static, layout=layout))))
+    for b in branches:
+        b["lam"], b["trace"], b["final"], b["hardened"] = _unpack(b.pop("row"), b.pop("key"))
     evaluations = int(sum(b["hardened"]["evaluations"] for b in branches))
+    if screen:      # the screen's concurrency lines
+        evaluations += len(space.layouts) * len(starts) * len(space.concurrency)
     bi = int(np.argmax([b["hardened"]["rank"] for b in branches]))
     branch = branches[bi]
     found = branch["hardened"]
@@ -1329,6 +1519,7 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     weights = weights / weights.sum()
     layout_weights = {_layout_name(b["layout"]): float(w) for b, w in
                       zip(branches, weights, strict=True)}
+    layout_weights.update({name: 0.0 for name in screened})
     scores, gs = branch["trace"]
     trajectory = {"score": scores[si].tolist(),
                   "max_violation": np.max(np.maximum(gs[si], 0.0), axis=-1).tolist(),
@@ -1372,7 +1563,7 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
             relaxed_metrics=relaxed, relaxed_objective_value=float(relaxed_value[si]),
             layout_weights=layout_weights, trajectory=trajectory,
             evaluations=evaluations, wall_s=time.perf_counter() - t0, result="feasible",
-            spec_args=(space, chip, layout, index, tables))
+            screened_out=screened, spec_args=(space, chip, layout, index, tables))
         return result
     metrics = found["metrics"]
     closest = {"design": described,
@@ -1388,4 +1579,5 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         binding=[name for name in _violations(g)], multipliers=multipliers,
         relaxed_metrics=relaxed, relaxed_objective_value=float(relaxed_value[si]),
         layout_weights=layout_weights, trajectory=trajectory, evaluations=evaluations,
-        wall_s=time.perf_counter() - t0, result="infeasible", closest=closest)
+        wall_s=time.perf_counter() - t0, result="infeasible", closest=closest,
+        screened_out=screened)

@@ -71,6 +71,44 @@ SCENARIOS = [
 ]
 
 
+# Grids over every candidate layout of the deployment (3 to 13 layouts), for the layout
+# screen (`keep_layouts`): (model, chip, chips, (isl, osl), objective, targets).
+LAYOUT_SCENARIOS = [
+    ("deepseek-r1", "jalapeno", 8, (8192, 1024), "tok_s_per_kw",
+     dict(max_tpot_ms=10, max_power_w=550)),
+    ("deepseek-r1", "jalapeno", 8, (8192, 1024), "tok_s_per_kw", dict(max_tpot_ms=20)),
+    ("deepseek-r1", "jalapeno", 8, (8192, 1024), "tok_s_per_chip", dict(max_tpot_ms=40)),
+    ("deepseek-r1", "jalapeno", 8, (8192, 1024), "tok_s_per_kw", dict(max_tpot_ms=5)),
+    ("deepseek-r1", "jalapeno", 8, (8192, 1024), "tok_s_per_kw",
+     dict(max_tpot_ms=15, max_ttft_ms=1000)),
+    ("gpt-oss-120b", "gb300", 8, (8192, 1024), "tok_s_per_kw", dict(max_tpot_ms=10)),
+    ("gpt-oss-120b", "gb300", 8, (8192, 1024), "tok_s_per_chip", dict(max_tpot_ms=5)),
+    ("gpt-oss-120b", "gb300", 8, (8192, 1024), "tok_s_per_chip", dict(min_interactivity=50)),
+    ("gpt-oss-120b", "gb300", 8, (1024, 1024), "tok_s_per_kw",
+     dict(max_tpot_ms=20, max_ttft_ms=300)),
+    ("kimi-k2.5", "gb300", 8, (8192, 1024), "tok_s_per_kw", dict(max_tpot_ms=15)),
+    ("kimi-k2.5", "gb300", 8, (8192, 1024), "tok_s_per_chip", dict(max_tpot_ms=30)),
+    ("kimi-k2.5", "gb300", 8, (8192, 1024), "tok_s_per_kw", dict(max_e2e_s=20)),
+    ("llama-3.1-70b", "h200", 8, (8192, 1024), "tok_s_per_kw", dict(max_tpot_ms=15)),
+    ("llama-3.1-70b", "h200", 8, (8192, 1024), "tok_s_per_chip", dict(max_tpot_ms=30)),
+    ("llama-3.1-70b", "h200", 8, (2048, 256), "tok_s_per_kw", dict(max_tpot_ms=8)),
+    ("gpt-oss-120b", "jalapeno", 4, (8192, 1024), "tok_s_per_kw",
+     dict(max_tpot_ms=5, max_power_w=550)),
+    ("gpt-oss-120b", "jalapeno", 4, (8192, 1024), "tok_s_per_chip", dict(max_tpot_ms=20)),
+    ("llama-3.1-8b", "h200", 4, (1024, 256), "tok_s_per_kw", dict(max_tpot_ms=5)),
+    ("qwen3-235b-a22b", "b200", 8, (8192, 1024), "tok_s_per_kw", dict(max_tpot_ms=15)),
+    ("mixtral-8x22b", "mi355x", 8, (4096, 1024), "tok_s_per_chip", dict(max_tpot_ms=20)),
+]
+
+
+def layout_case(model, chip, chips, sizes, objective, limits):
+    """(model, chip, workload, space, targets, objective) of a `LAYOUT_SCENARIOS` row: the
+    default grid of the deployment (`design_space`, every candidate layout)."""
+    model, chip, workload = pm.get_model(model), pm.get_chip(chip), pm.Workload(*sizes)
+    space = po.design_space(model, chip, chips, workload=workload)
+    return model, chip, workload, space, po.targets(chips=chips, **limits), objective
+
+
 @pytest.fixture(scope="module")
 def groups():
     return {name: build() for name, build in GROUPS.items()}
@@ -276,8 +314,9 @@ def test_reverse_mode_gradients_of_the_search(groups, name):
 
 
 def test_many_layouts_share_vmapped_kernels(monkeypatch):
-    """With more aggregated layouts than cores, the layouts' searches share one vmapped
-    kernel per core (layouts as numbers); the result still lands on the grid's optimum."""
+    """With more aggregated layouts than cores, the layouts' searches (or their first block,
+    when the screen drops some) share one vmapped kernel per core (layouts as numbers); the
+    result still lands on the grid's optimum."""
     monkeypatch.setattr(po.os, "cpu_count", lambda: 2)
     chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
     workload = pm.Workload(1024, 256)
@@ -286,15 +325,38 @@ def test_many_layouts_share_vmapped_kernels(monkeypatch):
     groups = po._branch_groups(space.layouts)
     assert len(space.layouts) > 2 and len(groups) == 2
     assert all(isinstance(g, tuple) for g in groups)
-    for limits in (dict(max_tpot_ms=6), dict(max_tpot_ms=15, max_power_w=600),
-                   dict(max_tpot_ms=0.2)):
+    for limits, keep in ((dict(max_tpot_ms=6), 2), (dict(max_tpot_ms=15, max_power_w=600), 2),
+                         (dict(max_tpot_ms=15, max_power_w=600), None),
+                         (dict(max_tpot_ms=0.2), 2)):
         tgt = po.targets(chips=8, **limits)
-        result = po.optimize(model, chip, workload, space, tgt)
+        result = po.optimize(model, chip, workload, space, tgt, keep_layouts=keep)
         best = po.exhaustive(model, chip, workload, space, tgt)
+        # The screen drops all but `keep` layouts after the first block; None searches all.
+        dropped = result.screened_out
+        assert len(dropped) == (0 if keep is None else len(space.layouts) - keep)
+        assert all(result.layout_weights[name] == 0.0 for name in dropped)
+        assert set(result.layout_weights) == {x.describe() for x in space.layouts}
         assert result.feasible == best.feasible, limits
         if best.feasible:
             assert result.objective_value >= 0.98 * best.objective_value, (
                 limits, result.design, best.design)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", LAYOUT_SCENARIOS, ids=lambda r: f"{r[0]}-{r[1]}x{r[2]}-{r[5]}")
+def test_layout_screen_matches_exhaustive(row):
+    """With every candidate layout in the grid, the screened search (`keep_layouts=2`) lands
+    within 2% of the exhaustive optimum, or agrees that nothing is feasible (~30 s each,
+    mostly compilation)."""
+    model, chip, workload, space, tgt, objective = layout_case(*row)
+    assert len(space.layouts) > 2
+    result = po.optimize(model, chip, workload, space, tgt, objective)
+    best = po.exhaustive(model, chip, workload, space, tgt, objective)
+    assert len(result.screened_out) == len(space.layouts) - 2
+    assert result.feasible == best.feasible
+    if best.feasible:
+        assert result.objective_value >= 0.98 * best.objective_value, (result.design,
+                                                                       best.design)
 
 
 def test_validation_errors():
@@ -316,6 +378,10 @@ def test_validation_errors():
     space = po.design_space(model, chip, 1, concurrency=(1, 2))
     with pytest.raises(ValueError, match="objective"):
         po.optimize(model, chip, pm.Workload(128, 128), space, po.targets(), "tokens")
+    for keep in (0, 1.5):
+        with pytest.raises(ValueError, match="keep_layouts"):
+            po.optimize(model, chip, pm.Workload(128, 128), space, po.targets(),
+                        keep_layouts=keep)
 
 
 def test_default_space_on_gpu_and_jalapeno():
@@ -341,7 +407,7 @@ def test_cli_json(capsys, groups):
 
     status = main(["optimize", "--model", "llama-3.1-8b", "--chip", "h200", "--chips", "1",
                    "--isl", "1024", "--osl", "256", "--max-tpot-ms", "8", "--steps", "120",
-                   "--check-exhaustive", "--format", "json"])
+                   "--keep-layouts", "all", "--check-exhaustive", "--format", "json"])
     assert status == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("design", "metrics", "objective", "objective_value", "feasible", "binding",
@@ -350,4 +416,7 @@ def test_cli_json(capsys, groups):
     assert set(out["exhaustive"]) >= {"design", "objective_value", "points", "wall_s"}
     assert out["objective_value"] >= 0.98 * out["exhaustive"]["objective_value"]
     assert out["metrics"]["tpot_s"] <= 0.008
+    assert out["screened_out"] == []
     assert main(["optimize", "--chip", "h200", "--formats", "weights"]) == 2
+    assert main(["optimize", "--model", "llama-3.1-8b", "--chip", "h200",
+                 "--keep-layouts", "0"]) == 2

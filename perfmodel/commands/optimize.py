@@ -35,6 +35,12 @@ def _fractions(text: str) -> tuple[float, ...]:
     return values
 
 
+def _keep(text: str):
+    if text == "all":
+        return text
+    return positive_int(text)
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     from ..optimize import OBJECTIVES
 
@@ -82,6 +88,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--blocks", type=positive_int, default=None,
                         help="augmented-Lagrangian blocks the steps are split into "
                              "(default: perfmodel.optimize.optimize's)")
+    parser.add_argument("--keep-layouts", type=_keep, default=None, metavar="N|all",
+                        help="layouts searched past the first block when the grid has more "
+                             "(default: perfmodel.optimize.optimize's); 'all' searches "
+                             "every layout to the end")
     parser.add_argument("--check-exhaustive", action="store_true",
                         help="also enumerate the whole grid and report its best design")
     add_format_arg(parser)
@@ -115,6 +125,8 @@ def _result(args):
                   max_quality_loss=args.max_quality_loss,
                   usd_per_chip_hour=args.usd_per_chip_hour, usd_per_kwh=args.usd_per_kwh)
     schedule = {k: v for k, v in (("steps", args.steps), ("blocks", args.blocks)) if v}
+    if args.keep_layouts is not None:
+        schedule["keep_layouts"] = None if args.keep_layouts == "all" else args.keep_layouts
     result = optimize(model, chip, workload, space, tgt, args.objective, **schedule)
     out = result.as_dict()
     out["grid_points"] = space.size
@@ -173,6 +185,9 @@ def _table(out: dict) -> str:
         if "per_unit" in entry:
             text += f"  ({entry['per_unit']:+.4g} {entry['unit']})"
         lines.append(text)
+    if out.get("screened_out"):
+        lines.append(f"layouts screened out after the first block: "
+                     f"{', '.join(out['screened_out'])}")
     lines.append(f"grid {out['grid_points']} designs, {out['evaluations']} exact evaluations, "
                  f"wall {out['wall_s']:.2f} s")
     if "exhaustive" in out:
