@@ -720,8 +720,9 @@ def _run_blocks(loss, optimizer, carry, temperatures):
     """Augmented-Lagrangian blocks of one start from `carry` = (flat parameters, Adam state,
     lam, mu, last violation): per row of `temperatures` (blocks, inner), Adam runs `inner`
     steps, then lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the violation
-    does not halve. Returns the carry, the per-step (score, g), the (lam, mu) each block
-    used, and the (loss, score) at each block's end under them.
+    does not halve. Returns the carry, the per-step (score, g) and the (lam, mu) each
+    block used. (Also returning each block's final loss doubled the cost of every Adam
+    step on XLA:CPU: callers that need it evaluate it once, after the scan.)
 
     Gradients are reverse mode: XLA:CPU pays per operation, not per number, at this size,
     and with the operators stacked a reverse pass has fewer operations than a forward pass
@@ -738,12 +739,12 @@ def _run_blocks(loss, optimizer, carry, temperatures):
             return (optax.apply_updates(x, updates), st), (score, g)
 
         (flat, state), trace = jax.lax.scan(step, (flat, state), temps)
-        end, (score, g) = loss(flat, lam_, mu_, temps[-1])
+        _, (_, g) = loss(flat, lam_, mu_, temps[-1])
         violation = jnp.max(jnp.maximum(g, 0.0))
         used = (lam_, mu_)
         mu_ = jnp.where(violation > 0.5 * previous, jnp.minimum(mu_ * 2.0, 1e4), mu_)
         lam_ = jnp.maximum(lam_ + used[1] * g, 0.0)
-        return (flat, state, lam_, mu_, violation), (trace, used, (end, score))
+        return (flat, state, lam_, mu_, violation), (trace, used)
 
     return jax.lax.scan(block, carry, temperatures)
 
@@ -751,8 +752,8 @@ def _run_blocks(loss, optimizer, carry, temperatures):
 def _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, *,
                model, layout, objective, learning_rate, head_blocks):
     """The first `head_blocks` blocks of the relaxed search of one branch, vmapped over the
-    starts (`params` stacked): (carry, (scores, gs) per step, (lams, mus) per block,
-    (losses, scores) at each block's end), all with a leading start axis."""
+    starts (`params` stacked): (carry, (scores, gs) per step, (lams, mus) per block), all
+    with a leading start axis."""
     optimizer = _optimizer(learning_rate)
     loss, _ = _relaxed_loss(jax.tree_util.tree_map(lambda x: x[0], params), chip, workload,
                             tables, tgt, sharpness, model=model, layout=layout,
@@ -761,9 +762,9 @@ def _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharp
     def one_start(p0, lam0, mu0):
         flat0, _ = jax.flatten_util.ravel_pytree(p0)
         carry = (flat0, optimizer.init(flat0), lam0, mu0, jnp.asarray(jnp.inf, dtype=float))
-        carry, ((scores, gs), used, ends) = _run_blocks(loss, optimizer, carry,
-                                                        temperatures[:head_blocks])
-        return carry, (scores.reshape(-1), gs.reshape(-1, gs.shape[-1])), used, ends
+        carry, ((scores, gs), used) = _run_blocks(loss, optimizer, carry,
+                                                  temperatures[:head_blocks])
+        return carry, (scores.reshape(-1), gs.reshape(-1, gs.shape[-1])), used
 
     return jax.vmap(one_start)(params, lam, mu)
 
@@ -781,12 +782,15 @@ def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpnes
                                   layout=layout, objective=objective)
 
     def one_start(carry, trace, used):
-        carry, ((scores, gs), (lams, mus), _) = _run_blocks(loss, optimizer, carry,
-                                                            temperatures[head_blocks:])
-        scores = jnp.concatenate([trace[0], scores.reshape(-1)])
-        gs = jnp.concatenate([trace[1], gs.reshape(-1, gs.shape[-1])])
-        lam_last = jnp.concatenate([used[0], lams])[-1]
-        mu_last = jnp.concatenate([used[1], mus])[-1]
+        scores, gs = trace
+        lams, mus = used
+        if temperatures.shape[0] > head_blocks:     # static: a second scan only when needed
+            carry, ((more, g_more), (lam_more, mu_more)) = _run_blocks(
+                loss, optimizer, carry, temperatures[head_blocks:])
+            scores = jnp.concatenate([scores, more.reshape(-1)])
+            gs = jnp.concatenate([gs, g_more.reshape(-1, gs.shape[-1])])
+            lams, mus = jnp.concatenate([lams, lam_more]), jnp.concatenate([mus, mu_more])
+        lam_last, mu_last = lams[-1], mus[-1]
         p = unravel(carry[0])
         choice = p.choice(tables, temperatures[-1, -1])
         score, g, metrics, value = evaluate(model, chip, workload, layout, tables, choice,
@@ -794,8 +798,7 @@ def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpnes
         final_loss = _augmented_loss(score, g, lam_last, mu_last)
         return p, carry[2], (scores, gs), (final_loss, score, g, metrics.arrays(), value)
 
-    carry, trace, used, _ = head
-    p, lam_out, trace, final = jax.vmap(one_start)(carry, trace, used)
+    p, lam_out, trace, final = jax.vmap(one_start)(*head)
     hardened = _harden(p, chip, workload, tables, tgt, moves, max_iterations, model=model,
                        layout=layout, objective=objective)
     return lam_out, trace, final, hardened
@@ -811,8 +814,12 @@ def _screen_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
     head = _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness,
                       model=model, layout=layout, objective=objective,
                       learning_rate=learning_rate, head_blocks=head_blocks)
-    _, unravel = jax.flatten_util.ravel_pytree(jax.tree_util.tree_map(lambda x: x[0], params))
-    carry, _, _, (losses, _) = head
+    loss, unravel = _relaxed_loss(jax.tree_util.tree_map(lambda x: x[0], params), chip,
+                                  workload, tables, tgt, sharpness, model=model,
+                                  layout=layout, objective=objective)
+    carry, _, (lams, mus) = head
+    losses = jax.vmap(lambda flat, lam_, mu_: loss(flat, lam_, mu_, temperatures[
+        head_blocks - 1, -1])[0])(carry[0], lams[:, -1], mus[:, -1])
 
     def line(flat):
         index = _round_index(tables, unravel(flat))
@@ -826,7 +833,7 @@ def _screen_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
 
         return jnp.max(jax.vmap(one)(indices))
 
-    return head, jnp.concatenate([losses[:, -1], jax.vmap(line)(carry[0])])
+    return head, jnp.concatenate([losses, jax.vmap(line)(carry[0])])
 
 
 def _round_index(tables: _Tables, params: Relaxed):
@@ -986,10 +993,11 @@ def _shadow_prices(sensitivity: dict, active: np.ndarray) -> np.ndarray:
 
 def _solve_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, moves,
                 max_iterations, *, model, layout, objective, learning_rate):
-    """One branch end to end in one kernel: the relaxed search (`_head_impl`, `_tail_impl`),
-    then rounding, repair and polish (`_harden`)."""
+    """One branch end to end in one kernel: the relaxed search (`_head_impl` runs every
+    block, in one scan: a second scan would double the compiled code and slow each step),
+    then `_tail_impl`: the relaxed report, rounding, repair and polish (`_harden`)."""
     static = dict(model=model, layout=layout, objective=objective,
-                  learning_rate=learning_rate, head_blocks=1)
+                  learning_rate=learning_rate, head_blocks=temperatures.shape[0])
     head = _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness,
                       **static)
     return _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpness,
