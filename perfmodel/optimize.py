@@ -700,12 +700,13 @@ def _branch_pool() -> concurrent.futures.ThreadPoolExecutor:
                                                  thread_name_prefix="perfmodel-branch")
 
 
-def _relaxed_loss(template, chip, workload, tables, tgt, sharpness, *, model, layout,
+def _relaxed_loss(params, chip, workload, tables, tgt, sharpness, *, model, layout,
                   objective):
     """`loss(flat, lam, mu, temperature) -> (augmented loss, (score, g))` of one start's
-    flattened parameters, and `unravel` from them back to `Relaxed` (`template`'s
-    structure). Through the model's vectorized evaluation order (`vectorize=True`)."""
-    _, unravel = jax.flatten_util.ravel_pytree(template)
+    flattened parameters, and `unravel` from them back to `Relaxed` (the structure of one
+    start of `params`, stacked over the starts). Through the model's vectorized evaluation
+    order (`vectorize=True`)."""
+    _, unravel = jax.flatten_util.ravel_pytree(jax.tree_util.tree_map(lambda x: x[0], params))
 
     def loss(flat, lam_, mu_, temperature):
         choice = unravel(flat).choice(tables, temperature)
@@ -755,9 +756,8 @@ def _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharp
     starts (`params` stacked): (carry, (scores, gs) per step, (lams, mus) per block), all
     with a leading start axis."""
     optimizer = _optimizer(learning_rate)
-    loss, _ = _relaxed_loss(jax.tree_util.tree_map(lambda x: x[0], params), chip, workload,
-                            tables, tgt, sharpness, model=model, layout=layout,
-                            objective=objective)
+    loss, _ = _relaxed_loss(params, chip, workload, tables, tgt, sharpness, model=model,
+                            layout=layout, objective=objective)
 
     def one_start(p0, lam0, mu0):
         flat0, _ = jax.flatten_util.ravel_pytree(p0)
@@ -777,8 +777,7 @@ def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpnes
     the last block, per-step (scores, gs), relaxed (loss, score, g, metrics, value),
     hardened), with a leading start axis where per start."""
     optimizer = _optimizer(learning_rate)
-    loss, unravel = _relaxed_loss(jax.tree_util.tree_map(lambda x: x[0], params), chip,
-                                  workload, tables, tgt, sharpness, model=model,
+    loss, unravel = _relaxed_loss(params, chip, workload, tables, tgt, sharpness, model=model,
                                   layout=layout, objective=objective)
 
     def one_start(carry, trace, used):
@@ -814,8 +813,7 @@ def _screen_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
     head = _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness,
                       model=model, layout=layout, objective=objective,
                       learning_rate=learning_rate, head_blocks=head_blocks)
-    loss, unravel = _relaxed_loss(jax.tree_util.tree_map(lambda x: x[0], params), chip,
-                                  workload, tables, tgt, sharpness, model=model,
+    loss, unravel = _relaxed_loss(params, chip, workload, tables, tgt, sharpness, model=model,
                                   layout=layout, objective=objective)
     carry, _, (lams, mus) = head
     losses = jax.vmap(lambda flat, lam_, mu_: loss(flat, lam_, mu_, temperatures[
@@ -825,13 +823,9 @@ def _screen_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
         index = _round_index(tables, unravel(flat))
         n = tables.log_concurrency.shape[0]
         indices = jnp.tile(index, (n, 1)).at[:, 0].set(jnp.arange(n, dtype=index.dtype))
-
-        def one(i):
-            score, g, _, _ = evaluate(model, chip, workload, layout, tables,
-                                      _index_choice(tables, i), tgt, objective, hard=True)
-            return _rank(score, g)
-
-        return jnp.max(jax.vmap(one)(indices))
+        score, g, _ = _hard_impl(indices, chip, workload, tables, tgt, model=model,
+                                 layout=layout, objective=objective)
+        return jnp.max(_rank(score, g))
 
     return head, jnp.concatenate([losses, jax.vmap(line)(carry[0])])
 
@@ -902,12 +896,8 @@ def _harden(params, chip, workload, tables, tgt, moves, max_iterations, *, model
     mask, values, delta, upper = moves
 
     def hard(indices):
-        def one(index):
-            score, g, _, value = evaluate(model, chip, workload, layout, tables,
-                                          _index_choice(tables, index), tgt, objective,
-                                          hard=True)
-            return score, g, value
-        return jax.vmap(one)(indices)
+        return _hard_impl(indices, chip, workload, tables, tgt, model=model, layout=layout,
+                          objective=objective)
 
     def around(index):
         return jnp.clip(jnp.where(mask, values, index[None, :]) + delta, 0, upper[None, :])
@@ -1143,6 +1133,8 @@ def _branch_groups(layouts) -> list:
 
 
 def _hard_impl(indices, chip, workload, tables, tgt, *, model, layout, objective):
+    """(score, g, objective value) of each grid index row of `indices` with the exact model
+    (`hard=True`, per-operator order: fastest under this wide vmap)."""
     def one(index):
         choice = _index_choice(tables, index)
         score, g, _, value = evaluate(model, chip, workload, layout, tables, choice, tgt,
@@ -1447,18 +1439,21 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     schedule, temps, lam, mus, scalars = _schedule(blocks, inner, float(t_start), float(t_end),
                                                    len(starts), float(mu), float(sharpness),
                                                    int(max_iterations))
-    # Every branch is one kernel (search, rounding, repair, polish), all dispatched before
-    # any result is read. Its inputs that do not change between calls (tables, starts,
-    # schedule, neighbourhood) are cached on the device: a numpy argument costs jit a copy on
-    # every call (about 0.1 ms for the 30 of them, a tenth of a small search).
+    # Unscreened, every branch is one kernel (search, rounding, repair, polish); screened,
+    # a screening kernel then, for the kept ones, a finishing one. Each stage's kernels are
+    # all dispatched before any result is read. Inputs that do not change between calls
+    # (tables, starts, schedule, neighbourhood) are cached on the device: a numpy argument
+    # costs jit a copy on every call (about 0.1 ms for the 30 of them, a tenth of a small
+    # search).
     params, tables_d = _device(_initial_stack(space, tuple(starts))), _device(tables)
+    moves = _device(_moves(space.shape))
     static = dict(model=model, objective=objective, learning_rate=float(learning_rate))
     screen = keep_layouts is not None and blocks > 1 and len(space.layouts) > keep_layouts
+    groups = _branch_groups(space.layouts)
     branches, screened = [], []
     if not screen:
-        inputs = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0],
-                  _device(_moves(space.shape)), scalars[1])
-        groups = _branch_groups(space.layouts)
+        inputs = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0], moves,
+                  scalars[1])
 
         def run(group):
             if isinstance(group, tuple):
@@ -1476,7 +1471,6 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         # each, as `_branch_groups` says); the `keep_layouts` best by the screen continue,
         # each in a static kernel from where its first block ended.
         static["head_blocks"] = 1
-        groups = _branch_groups(space.layouts)
 
         def run_head(group):
             args = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0])
@@ -1485,23 +1479,21 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
             return _screen(*args, layout=group, **static)
 
         heads = _map_branches(run_head, groups)
+        # (screen row, layout, its kernel's heads, its row there) per layout.
         entries = []
-        for group, screens in zip(groups, jax.device_get([h[1] for h in heads]),
-                                  strict=True):
+        for group, (head, _), screens in zip(groups, heads, jax.device_get(
+                [h[1] for h in heads]), strict=True):
             members = group if isinstance(group, tuple) else (group,)
             for row, (layout, values) in enumerate(zip(members, screens, strict=True)):
-                entries.append((values, layout, group, row))
+                entries.append((values, layout, head, row))
         order = _screen_order(entries, len(starts))
         kept = order[:keep_layouts]
         screened = [_layout_name(e[1]) for e in order[keep_layouts:]]
-        moves = _device(_moves(space.shape))
-        head_of = {id(g): h[0] for g, h in zip(groups, heads, strict=True)}
 
         def run_tail(entry):
-            _, layout, group, row = entry
-            return _finish(head_of[id(group)], np.int32(row), params, temps, chip, workload,
-                           tables_d, tgt, scalars[0], moves, scalars[1], layout=layout,
-                           **static)
+            _, layout, head, row = entry
+            return _finish(head, np.int32(row), params, temps, chip, workload, tables_d, tgt,
+                           scalars[0], moves, scalars[1], layout=layout, **static)
 
         pending = _map_branches(run_tail, kept)
         for (_, layout, _, _), row in zip(kept, jax.device_get(pending), strict=True):
