@@ -15,11 +15,12 @@ class, power cap, parallel layout) is relaxed for gradients:
   hardening turns into an argmax. A branch runs in a kernel compiled for its static
   layout, or, when a grid has more aggregated layouts than cores, with other layouts in
   one vmapped kernel per core (the layouts as numbers, `Layout.numbers()`). With more
-  layouts than `keep_layouts`, every branch runs the first augmented-Lagrangian block,
-  is screened there (exactly, along the concurrency line through its rounded design,
-  and by its relaxed loss), and only the best continue, in static kernels, from where
-  their first block ended: successive halving, as in Hyperband (Li et al., JMLR 18,
-  2018), with one rung.
+  layouts than `keep_layouts`, every branch runs its first `screen_steps` Adam steps
+  (all of them in one vmapped kernel), is screened there (exactly, along the
+  concurrency line through its rounded design, and by its relaxed loss), and only the
+  best continue, in static kernels, from where they stopped and on the path they would
+  have taken unscreened: successive halving, as in Hyperband (Li et al., JMLR 18, 2018),
+  with one rung.
 
 Constraints enter through an augmented Lagrangian (Rockafellar 1973; Nocedal & Wright,
 "Numerical Optimization", 2nd ed., eq. 17.65 for inequalities), each written as a
@@ -632,6 +633,25 @@ def _device(tree):
     return hit[1]
 
 
+_PREPARED: dict = {}
+
+
+def _prepared(space: Space, chip: Chip, starts: tuple[float, ...]):
+    """(tables, and on the device: tables, stacked starts, neighbourhood) of a search,
+    memoized on the identity of `space` and `chip`: the caches behind them are keyed on
+    their values, and hashing a `Space` costs a twentieth of a small search."""
+    key = (id(space), id(chip), starts)
+    hit = _PREPARED.get(key)
+    if hit is None or hit[0] is not space or hit[1] is not chip:
+        if len(_PREPARED) > 64:
+            _PREPARED.clear()
+        tables = _tables(space, chip)
+        hit = _PREPARED[key] = (space, chip, tables, _device(tables),
+                                _device(_initial_stack(space, starts)),
+                                _device(_moves(space.shape)))
+    return hit[2:]
+
+
 def relaxed_evaluate(model: Model, chip: Chip, workload: Workload, layout, space: Space,
                      params: Relaxed, tgt: Targets, objective: str = "tok_s_per_kw",
                      temperature=1.0, sharpness=DEFAULT_SHARPNESS):
@@ -717,44 +737,87 @@ def _relaxed_loss(params, chip, workload, tables, tgt, sharpness, *, model, layo
     return loss, unravel
 
 
-def _run_blocks(loss, optimizer, carry, temperatures):
-    """Augmented-Lagrangian blocks of one start from `carry` = (flat parameters, Adam state,
-    lam, mu, last violation): per row of `temperatures` (blocks, inner), Adam runs `inner`
-    steps, then lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the violation
-    does not halve. Returns the carry, the per-step (score, g) and the (lam, mu) each
-    block used. (Also returning each block's final loss doubled the cost of every Adam
-    step on XLA:CPU: callers that need it evaluate it once, after the scan.)
+def _block(loss, optimizer, carry, temps, update=True):
+    """Adam steps of one start at the temperatures `temps` from `carry` = (flat parameters,
+    Adam state, lam, mu, last violation), under the carry's multipliers; with `update`
+    (the block's end), then lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the
+    violation does not halve. Returns the carry, the per-step (score, g) and the (lam, mu)
+    the steps used. (Also returning the final loss doubled the cost of every Adam step on
+    XLA:CPU: callers that need it evaluate it once, after the scan.)
 
     Gradients are reverse mode: XLA:CPU pays per operation, not per number, at this size,
     and with the operators stacked a reverse pass has fewer operations than a forward pass
     carrying ~20 tangents (per-operator, it was the other way round).
     `tests/test_optimize.py` checks them against forward mode."""
+    flat, state, lam_, mu_, previous = carry
 
-    def block(carry, temps):
-        flat, state, lam_, mu_, previous = carry
+    def step(inner, temperature):
+        x, st = inner
+        grads, (score, g) = jax.grad(loss, has_aux=True)(x, lam_, mu_, temperature)
+        updates, st = optimizer.update(grads, st, x)
+        return (optax.apply_updates(x, updates), st), (score, g)
 
-        def step(inner, temperature):
-            x, st = inner
-            grads, (score, g) = jax.grad(loss, has_aux=True)(x, lam_, mu_, temperature)
-            updates, st = optimizer.update(grads, st, x)
-            return (optax.apply_updates(x, updates), st), (score, g)
-
-        (flat, state), trace = jax.lax.scan(step, (flat, state), temps)
+    (flat, state), trace = jax.lax.scan(step, (flat, state), temps)
+    used = (lam_, mu_)
+    if update:
         _, (_, g) = loss(flat, lam_, mu_, temps[-1])
         violation = jnp.max(jnp.maximum(g, 0.0))
-        used = (lam_, mu_)
         mu_ = jnp.where(violation > 0.5 * previous, jnp.minimum(mu_ * 2.0, 1e4), mu_)
         lam_ = jnp.maximum(lam_ + used[1] * g, 0.0)
-        return (flat, state, lam_, mu_, violation), (trace, used)
+        previous = violation
+    return (flat, state, lam_, mu_, previous), (trace, used)
 
-    return jax.lax.scan(block, carry, temperatures)
+
+def _run_blocks(loss, optimizer, carry, temperatures):
+    """Augmented-Lagrangian blocks of one start (`_block`), one per row of `temperatures`
+    (blocks, inner), in one scan. Returns the carry, the per-step (score, g), shaped
+    (blocks, inner, ...), and the (lam, mu) each block used."""
+    return jax.lax.scan(lambda c, t: _block(loss, optimizer, c, t), carry, temperatures)
+
+
+def _run_steps(loss, optimizer, carry, temperatures, first: int, last: int):
+    """Adam steps `first` to `last` (static; counted over the whole schedule
+    `temperatures` (blocks, inner)) of one start from `carry`: the rest of a block begun
+    before `first`, the whole blocks, then the start of the block that `last` ends in,
+    without its multiplier update. Returns the carry, the steps' (scores, gs) (flat) and
+    the (lams, mus) of the blocks that ended, with a leading block axis."""
+    blocks, inner = temperatures.shape
+    flat_t = temperatures.reshape(-1)
+    pieces, ended = [], []
+    if first % inner and first < last:            # finish the block begun before `first`
+        end = min(last, (first // inner + 1) * inner)
+        carry, (trace, used) = _block(loss, optimizer, carry, flat_t[first:end],
+                                      update=end % inner == 0)
+        pieces.append(trace)
+        if end % inner == 0:
+            ended.append(jax.tree_util.tree_map(lambda x: x[None], used))
+        first = end
+    if last // inner > first // inner:             # whole blocks
+        carry, (trace, used) = _run_blocks(loss, optimizer, carry,
+                                           temperatures[first // inner:last // inner])
+        pieces.append(jax.tree_util.tree_map(lambda x: x.reshape(-1, *x.shape[2:]), trace))
+        ended.append(used)
+        first = last // inner * inner
+    if first < last:                               # the start of the last block
+        carry, (trace, _) = _block(loss, optimizer, carry, flat_t[first:last], update=False)
+        pieces.append(trace)
+    scores = jnp.concatenate([p[0] for p in pieces])
+    gs = jnp.concatenate([p[1] for p in pieces])
+    lam0, mu0 = carry[2], carry[3]
+    lams = (jnp.concatenate([u[0] for u in ended]) if ended
+            else jnp.zeros((0, *lam0.shape), lam0.dtype))
+    mus = (jnp.concatenate([u[1] for u in ended]) if ended
+           else jnp.zeros((0, *mu0.shape), mu0.dtype))
+    return carry, (scores, gs), (lams, mus)
 
 
 def _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, *,
-               model, layout, objective, learning_rate, head_blocks):
-    """The first `head_blocks` blocks of the relaxed search of one branch, vmapped over the
-    starts (`params` stacked): (carry, (scores, gs) per step, (lams, mus) per block), all
-    with a leading start axis."""
+               model, layout, objective, learning_rate, head_steps):
+    """The first `head_steps` Adam steps of the relaxed search of one branch, vmapped over
+    the starts (`params` stacked): (carry, (scores, gs) per step, (lams, mus) per ended
+    block), all with a leading start axis. A head that ends inside a block leaves its
+    multiplier update to `_tail_impl`, so a search split there follows the same path as one
+    run whole."""
     optimizer = _optimizer(learning_rate)
     loss, _ = _relaxed_loss(params, chip, workload, tables, tgt, sharpness, model=model,
                             layout=layout, objective=objective)
@@ -762,15 +825,13 @@ def _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharp
     def one_start(p0, lam0, mu0):
         flat0, _ = jax.flatten_util.ravel_pytree(p0)
         carry = (flat0, optimizer.init(flat0), lam0, mu0, jnp.asarray(jnp.inf, dtype=float))
-        carry, ((scores, gs), used) = _run_blocks(loss, optimizer, carry,
-                                                  temperatures[:head_blocks])
-        return carry, (scores.reshape(-1), gs.reshape(-1, gs.shape[-1])), used
+        return _run_steps(loss, optimizer, carry, temperatures, 0, head_steps)
 
     return jax.vmap(one_start)(params, lam, mu)
 
 
 def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpness, moves,
-               max_iterations, *, model, layout, objective, learning_rate, head_blocks):
+               max_iterations, *, model, layout, objective, learning_rate, head_steps):
     """The rest of one branch from `_head_impl`'s result `head`: the remaining blocks, the
     relaxed side of the report (at the last temperature, with its loss under the last
     block's multipliers), then rounding, repair and polish (`_harden`). Returns (lam after
@@ -783,11 +844,10 @@ def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpnes
     def one_start(carry, trace, used):
         scores, gs = trace
         lams, mus = used
-        if temperatures.shape[0] > head_blocks:     # static: a second scan only when needed
-            carry, ((more, g_more), (lam_more, mu_more)) = _run_blocks(
-                loss, optimizer, carry, temperatures[head_blocks:])
-            scores = jnp.concatenate([scores, more.reshape(-1)])
-            gs = jnp.concatenate([gs, g_more.reshape(-1, gs.shape[-1])])
+        if temperatures.size > head_steps:          # static: more steps only when needed
+            carry, (more, g_more), (lam_more, mu_more) = _run_steps(
+                loss, optimizer, carry, temperatures, head_steps, temperatures.size)
+            scores, gs = jnp.concatenate([scores, more]), jnp.concatenate([gs, g_more])
             lams, mus = jnp.concatenate([lams, lam_more]), jnp.concatenate([mus, mu_more])
         lam_last, mu_last = lams[-1], mus[-1]
         p = unravel(carry[0])
@@ -804,7 +864,7 @@ def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpnes
 
 
 def _screen_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, *,
-                 model, layout, objective, learning_rate, head_blocks):
+                 model, layout, objective, learning_rate, head_steps):
     """`_head_impl`, and what ranks the branch against the others after it, per start: the
     augmented loss at the head's end, and the exact rank (`_rank`) of the best grid design
     on the concurrency line through the design the parameters round to there (its
@@ -812,12 +872,16 @@ def _screen_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
     (head, [losses, line ranks])."""
     head = _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness,
                       model=model, layout=layout, objective=objective,
-                      learning_rate=learning_rate, head_blocks=head_blocks)
+                      learning_rate=learning_rate, head_steps=head_steps)
     loss, unravel = _relaxed_loss(params, chip, workload, tables, tgt, sharpness, model=model,
                                   layout=layout, objective=objective)
     carry, _, (lams, mus) = head
-    losses = jax.vmap(lambda flat, lam_, mu_: loss(flat, lam_, mu_, temperatures[
-        head_blocks - 1, -1])[0])(carry[0], lams[:, -1], mus[:, -1])
+    # The multipliers the last head step used: the carry's inside a block, the ended
+    # block's at a block boundary (the carry's are already updated there).
+    inner = temperatures.shape[1]
+    lam_, mu_ = (carry[2], carry[3]) if head_steps % inner else (lams[:, -1], mus[:, -1])
+    losses = jax.vmap(lambda flat, lam_, mu_: loss(
+        flat, lam_, mu_, temperatures.reshape(-1)[head_steps - 1])[0])(carry[0], lam_, mu_)
 
     def line(flat):
         index = _round_index(tables, unravel(flat))
@@ -987,7 +1051,7 @@ def _solve_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, shar
     block, in one scan: a second scan would double the compiled code and slow each step),
     then `_tail_impl`: the relaxed report, rounding, repair and polish (`_harden`)."""
     static = dict(model=model, layout=layout, objective=objective,
-                  learning_rate=learning_rate, head_blocks=temperatures.shape[0])
+                  learning_rate=learning_rate, head_steps=temperatures.size)
     head = _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness,
                       **static)
     return _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpness,
@@ -1004,7 +1068,7 @@ def _solve_key(params, temperatures, kwargs) -> tuple:
     the number of starts (`params`' leading axis) and the schedule's shape
     (`temperatures`)."""
     starts = jax.tree_util.tree_leaves(params)[0].shape[0]
-    return (tuple(sorted((k, v) for k, v in kwargs.items() if k != "head_blocks")), starts,
+    return (tuple(sorted((k, v) for k, v in kwargs.items() if k != "head_steps")), starts,
             tuple(temperatures.shape))
 
 
@@ -1018,18 +1082,19 @@ def _pack(tree, key) -> jnp.ndarray:
     `_SOLVE_OUTPUTS[key]`, at trace time, for `_unpack`; indices and counts are small
     integers, exact in float."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    _SOLVE_OUTPUTS[key] = (treedef, [(x.shape, x.dtype) for x in leaves])
+    ends = np.cumsum([x.size for x in leaves]).tolist()
+    _SOLVE_OUTPUTS[key] = (treedef, [(end - x.size, end, x.shape, None if x.dtype == float
+                                      else x.dtype) for x, end in zip(leaves, ends,
+                                                                      strict=True)])
     return jnp.concatenate([jnp.ravel(x).astype(float) for x in leaves])
 
 
 def _unpack(flat: np.ndarray, key: tuple):
     """The pytree `_pack` packed into `flat` (host arrays)."""
     treedef, specs = _SOLVE_OUTPUTS[key]
-    leaves, offset = [], 0
-    for shape, dtype in specs:
-        size = math.prod(shape)
-        leaves.append(flat[offset:offset + size].reshape(shape).astype(dtype))
-        offset += size
+    leaves = [flat[start:end].reshape(shape) if dtype is None
+              else flat[start:end].reshape(shape).astype(dtype)
+              for start, end, shape, dtype in specs]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
@@ -1091,15 +1156,15 @@ _solve = _jit(_counted_solve, ("model", "layout", "objective", "learning_rate"))
 _solve_layouts = _jit(_counted_solve_layouts, ("model", "layouts", "objective",
                                                "learning_rate"))
 _screen = _jit(_counted_screen, ("model", "layout", "objective", "learning_rate",
-                                 "head_blocks"))
+                                 "head_steps"))
 _screen_layouts = _jit(_counted_screen_layouts, ("model", "layouts", "objective",
-                                                 "learning_rate", "head_blocks"))
+                                                 "learning_rate", "head_steps"))
 _finish = _jit(_counted_finish, ("model", "layout", "objective", "learning_rate",
-                                 "head_blocks"))
+                                 "head_steps"))
 
 
 def _screen_order(entries: list, n_starts: int) -> list:
-    """Branches in the order they continue after the first block. `entries` are (screen
+    """Branches in the order they continue after the screen. `entries` are (screen
     row, ...) with the row [losses, line ranks] of `_screen_impl`: the best line rank
     first, then the lowest relaxed loss, then alternately by each (each rank without the
     branches already placed). The exact line finds the best layout for a given relaxed
@@ -1130,6 +1195,18 @@ def _branch_groups(layouts) -> list:
     if len(aggregated) <= cores:
         return aggregated + alone
     return [tuple(aggregated[i::cores]) for i in range(cores)] + alone
+
+
+def _screen_groups(layouts) -> list:
+    """How the screen's heads run: every aggregated layout in one vmapped kernel (a static
+    one when there is only one), each disaggregated layout in a static kernel. Unlike the
+    whole searches (`_branch_groups`), the heads do not gain from one kernel per core: each
+    kernel already keeps about 1.6 of 2 cores busy (XLA:CPU runs independent operations
+    side by side), and a two-step head is mostly fixed cost, so one kernel for all was
+    faster with 4, 6, 9 and 13 layouts (2 cores, `benchmarks/bench_optimize.py`)."""
+    aggregated = [x for x in layouts if isinstance(x, Layout)]
+    alone = [x for x in layouts if not isinstance(x, Layout)]
+    return ([tuple(aggregated)] if len(aggregated) > 1 else aggregated) + alone
 
 
 def _hard_impl(indices, chip, workload, tables, tgt, *, model, layout, objective):
@@ -1314,7 +1391,7 @@ class OptimizeResult:
     """"feasible" or "infeasible"."""
     closest: dict | None = None
     screened_out: list = dataclasses.field(default_factory=list)
-    """Layouts dropped after the first block (`keep_layouts`), best first."""
+    """Layouts dropped by the screen (`keep_layouts`, `screen_steps`), best first."""
     blocking: dict = dataclasses.field(default_factory=dict)
     """Constraints that better-scoring grid neighbours violate, with the limit the nearest
     of them would need: why the grid design stops where it does (no shadow price)."""
@@ -1371,16 +1448,17 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
              learning_rate: float = 0.2, temperature=(1.0, 0.05), starts=(0.3, 0.7),
              mu=10.0, sharpness=DEFAULT_SHARPNESS, binding_tol: float = 0.03,
              max_iterations: int = 40, keep_layouts: int | None = 2,
-             throw: bool = False) -> OptimizeResult:
+             screen_steps: int = 2, throw: bool = False) -> OptimizeResult:
     """Find the best design of `space` under `tgt` by gradient descent, then harden it.
 
     Every layout is a branch; each branch runs `len(starts)` Adam trajectories (vectorized)
     for `steps` steps split into `blocks` augmented-Lagrangian blocks, with the softmax
     temperature annealed geometrically from `temperature[0]` to `temperature[1]`. With
-    more layouts than `keep_layouts`, every branch runs the first block only and is
-    screened there: the `keep_layouts` best continue (`_screen_order`: the best exact
-    design on the concurrency line through each branch's rounded relaxed design, and the
-    lowest relaxed loss), the others are reported in `screened_out`.
+    more layouts than `keep_layouts`, every branch runs the first `screen_steps` steps
+    only and is screened there: the `keep_layouts` best continue from where they stopped,
+    on the path they would have taken unscreened (`_screen_order`: the best exact design
+    on the concurrency line through each branch's rounded relaxed design, and the lowest
+    relaxed loss), the others are reported in `screened_out`.
 
     Args:
         model, chip, workload: what is served, on what.
@@ -1401,10 +1479,12 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
             of its limit, or when a better-scoring grid neighbour violates it.
         max_iterations: cap on the local search's moves (each evaluates one neighbourhood,
             ~100 designs, exactly).
-        keep_layouts: layouts searched past the first block when the grid has more (None:
-            all). The screen costs one block and an exact concurrency line per layout; on
-            `benchmarks/bench_layouts.py`'s multi-layout scenarios the default finds the
-            grid's optimum within 2% in every one.
+        keep_layouts: layouts searched past the screen when the grid has more (None:
+            all). The screen costs `screen_steps` Adam steps and an exact concurrency line
+            per layout; on `benchmarks/bench_layouts.py`'s multi-layout scenarios the
+            defaults find the grid's optimum within 2% in every one.
+        screen_steps: Adam steps every layout runs before the screen (no screen when it
+            is not below `steps`).
         throw: raise `RuntimeError` when no feasible design is found.
 
     Returns:
@@ -1432,8 +1512,11 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     if keep_layouts is not None and (not isinstance(keep_layouts, int) or keep_layouts < 1):
         raise ValueError(f"optimize: keep_layouts is a number of layouts >= 1, or None to "
                          f"search every layout to the end; got {keep_layouts!r}")
+    if not isinstance(screen_steps, int) or screen_steps < 1:
+        raise ValueError(f"optimize: screen_steps is the number of Adam steps (>= 1) every "
+                         f"layout runs before the layout screen; got {screen_steps!r}")
     t0 = time.perf_counter()
-    tables = _tables(space, chip)
+    tables, tables_d, params, moves = _prepared(space, chip, tuple(starts))
     inner = steps // blocks
     t_start, t_end = temperature
     schedule, temps, lam, mus, scalars = _schedule(blocks, inner, float(t_start), float(t_end),
@@ -1445,13 +1528,12 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     # (tables, starts, schedule, neighbourhood) are cached on the device: a numpy argument
     # costs jit a copy on every call (about 0.1 ms for the 30 of them, a tenth of a small
     # search).
-    params, tables_d = _device(_initial_stack(space, tuple(starts))), _device(tables)
-    moves = _device(_moves(space.shape))
     static = dict(model=model, objective=objective, learning_rate=float(learning_rate))
-    screen = keep_layouts is not None and blocks > 1 and len(space.layouts) > keep_layouts
-    groups = _branch_groups(space.layouts)
+    screen = (keep_layouts is not None and len(space.layouts) > keep_layouts
+              and screen_steps < inner * blocks)
     branches, screened = [], []
     if not screen:
+        groups = _branch_groups(space.layouts)
         inputs = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0], moves,
                   scalars[1])
 
@@ -1467,10 +1549,11 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
                 branches.append(dict(layout=layout, row=row,
                                      key=_solve_key(params, temps, dict(static, layout=group))))
     else:
-        # Every layout runs the first block (one vmapped kernel per core, or a static one
-        # each, as `_branch_groups` says); the `keep_layouts` best by the screen continue,
-        # each in a static kernel from where its first block ended.
-        static["head_blocks"] = 1
+        # Every layout runs the first `screen_steps` steps (vmapped kernels, as
+        # `_screen_groups` says); the `keep_layouts` best by the screen continue, each in a
+        # static kernel from where its head stopped.
+        static["head_steps"] = screen_steps
+        groups = _screen_groups(space.layouts)
 
         def run_head(group):
             args = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0])

@@ -230,13 +230,42 @@ def test_targets_never_recompile(groups):
 def test_packed_result_round_trip():
     # The packed result's layout, read back on the host.
     tree = {"a": jnp.arange(3.0), "b": (jnp.int32(7), jnp.ones((2, 2)))}
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    po._SOLVE_OUTPUTS["test"] = (treedef, [(x.shape, x.dtype) for x in leaves])
-    flat = np.concatenate([np.ravel(x).astype(float) for x in leaves])
-    back = po._unpack(flat, "test")
+    back = po._unpack(np.asarray(po._pack(tree, "test")), "test")
     assert back["b"][0].dtype == np.int32 and int(back["b"][0]) == 7
     np.testing.assert_array_equal(back["b"][1], np.ones((2, 2)))
     np.testing.assert_array_equal(back["a"], np.arange(3.0))
+
+
+@pytest.mark.parametrize("head_steps", [3, 7])
+def test_split_search_follows_the_whole_one(groups, head_steps):
+    """A search stopped after `head_steps` Adam steps (the layout screen's head) and
+    continued (`_finish`) takes the path of the search run whole: inside a block (3) the
+    multiplier update waits for the block's end; past a block boundary (7) the whole
+    blocks run as one scan."""
+    model, chip, workload, space = groups["h200-8b"]
+    layout, tgt = space.layouts[0], po.targets(max_tpot_ms=8, max_power_w=600)
+    tables, tables_d, params, moves = po._prepared(space, chip, (0.3, 0.7))
+    _, temps, lam, mus, scalars = po._schedule(4, 6, 1.0, 0.05, 2, 10.0,
+                                               float(po.DEFAULT_SHARPNESS), 40)
+    static = dict(model=model, objective="tok_s_per_kw", learning_rate=0.2)
+    key = po._solve_key(params, temps, dict(static, layout=layout))
+    whole = po._unpack(np.asarray(po._solve(
+        params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0], moves,
+        scalars[1], layout=layout, **static)), key)
+    heads, _ = po._screen(params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0],
+                          layout=layout, head_steps=head_steps, **static)
+    split = po._unpack(np.asarray(po._finish(
+        heads, np.int32(0), params, temps, chip, workload, tables_d, tgt, scalars[0], moves,
+        scalars[1], layout=layout, head_steps=head_steps, **static)), key)
+    lam_w, (scores_w, gs_w), final_w, hard_w = whole
+    lam_s, (scores_s, gs_s), final_s, hard_s = split
+    assert scores_s.shape == scores_w.shape == (2, 24)
+    np.testing.assert_allclose(scores_s, scores_w, rtol=1e-9)
+    np.testing.assert_allclose(gs_s, gs_w, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(lam_s, lam_w, rtol=1e-9, atol=1e-12)
+    assert np.any(lam_w > 0)                # the multiplier updates did something
+    np.testing.assert_allclose(final_s[0], final_w[0], rtol=1e-9)
+    np.testing.assert_array_equal(hard_s["index"], hard_w["index"])
 
 
 def _direction_check(fun, params, key):
@@ -314,9 +343,9 @@ def test_reverse_mode_gradients_of_the_search(groups, name):
 
 
 def test_many_layouts_share_vmapped_kernels(monkeypatch):
-    """With more aggregated layouts than cores, the layouts' searches (or their first block,
-    when the screen drops some) share one vmapped kernel per core (layouts as numbers); the
-    result still lands on the grid's optimum."""
+    """With more aggregated layouts than cores, the layouts' searches share one vmapped
+    kernel per core, and the screen's heads (when it drops some) one for all (layouts as
+    numbers); the result still lands on the grid's optimum."""
     monkeypatch.setattr(po.os, "cpu_count", lambda: 2)
     chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-8b")
     workload = pm.Workload(1024, 256)
@@ -325,13 +354,15 @@ def test_many_layouts_share_vmapped_kernels(monkeypatch):
     groups = po._branch_groups(space.layouts)
     assert len(space.layouts) > 2 and len(groups) == 2
     assert all(isinstance(g, tuple) for g in groups)
+    # The screen's heads: one vmapped kernel for every aggregated layout.
+    assert po._screen_groups(space.layouts) == [tuple(space.layouts)]
     for limits, keep in ((dict(max_tpot_ms=6), 2), (dict(max_tpot_ms=15, max_power_w=600), 2),
                          (dict(max_tpot_ms=15, max_power_w=600), None),
                          (dict(max_tpot_ms=0.2), 2)):
         tgt = po.targets(chips=8, **limits)
         result = po.optimize(model, chip, workload, space, tgt, keep_layouts=keep)
         best = po.exhaustive(model, chip, workload, space, tgt)
-        # The screen drops all but `keep` layouts after the first block; None searches all.
+        # The screen drops all but `keep` layouts after its head; None searches all.
         dropped = result.screened_out
         assert len(dropped) == (0 if keep is None else len(space.layouts) - keep)
         assert all(result.layout_weights[name] == 0.0 for name in dropped)
@@ -382,6 +413,10 @@ def test_validation_errors():
         with pytest.raises(ValueError, match="keep_layouts"):
             po.optimize(model, chip, pm.Workload(128, 128), space, po.targets(),
                         keep_layouts=keep)
+    for steps in (0, 2.5):
+        with pytest.raises(ValueError, match="screen_steps"):
+            po.optimize(model, chip, pm.Workload(128, 128), space, po.targets(),
+                        screen_steps=steps)
 
 
 def test_default_space_on_gpu_and_jalapeno():

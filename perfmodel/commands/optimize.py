@@ -89,9 +89,12 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="augmented-Lagrangian blocks the steps are split into "
                              "(default: perfmodel.optimize.optimize's)")
     parser.add_argument("--keep-layouts", type=_keep, default=None, metavar="N|all",
-                        help="layouts searched past the first block when the grid has more "
+                        help="layouts searched past the screen when the grid has more "
                              "(default: perfmodel.optimize.optimize's); 'all' searches "
                              "every layout to the end")
+    parser.add_argument("--screen-steps", type=positive_int, default=None,
+                        help="Adam steps every layout runs before the layout screen "
+                             "(default: perfmodel.optimize.optimize's)")
     parser.add_argument("--check-exhaustive", action="store_true",
                         help="also enumerate the whole grid and report its best design")
     add_format_arg(parser)
@@ -124,7 +127,8 @@ def _result(args):
                   max_deployment_power_kw=args.max_deployment_power_kw, chips=args.chips,
                   max_quality_loss=args.max_quality_loss,
                   usd_per_chip_hour=args.usd_per_chip_hour, usd_per_kwh=args.usd_per_kwh)
-    schedule = {k: v for k, v in (("steps", args.steps), ("blocks", args.blocks)) if v}
+    schedule = {k: v for k, v in (("steps", args.steps), ("blocks", args.blocks),
+                                  ("screen_steps", args.screen_steps)) if v}
     if args.keep_layouts is not None:
         schedule["keep_layouts"] = None if args.keep_layouts == "all" else args.keep_layouts
     result = optimize(model, chip, workload, space, tgt, args.objective, **schedule)
@@ -186,7 +190,7 @@ def _table(out: dict) -> str:
             text += f"  ({entry['per_unit']:+.4g} {entry['unit']})"
         lines.append(text)
     if out.get("screened_out"):
-        lines.append(f"layouts screened out after the first block: "
+        lines.append(f"layouts screened out: "
                      f"{', '.join(out['screened_out'])}")
     lines.append(f"grid {out['grid_points']} designs, {out['evaluations']} exact evaluations, "
                  f"wall {out['wall_s']:.2f} s")
