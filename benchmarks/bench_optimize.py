@@ -9,7 +9,7 @@ compiled kernels), and the objective each finds. Both run on one stream of kerne
 default JAX device.
 
     python benchmarks/bench_optimize.py [--min-points 100000 1000000] [--layouts 2]
-        [--steps 24 --blocks 4] [--split]
+        [--steps 24 --blocks 4] [--keep-layouts 1|all] [--split]
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def main(argv=None):
                         help="Adam steps (default: optimize's)")
     parser.add_argument("--blocks", type=int, default=None,
                         help="augmented-Lagrangian blocks (default: optimize's)")
+    parser.add_argument("--keep-layouts", default=None, metavar="N|all",
+                        help="layouts searched past the layout screen (default: optimize's)")
     parser.add_argument("--split", action="store_true",
                         help="also time one Adam step per block (one more compile per "
                              "grid): the fixed cost (rounding, local search, host work) and "
@@ -76,14 +78,18 @@ def main(argv=None):
     defaults = inspect.signature(po.optimize).parameters
     args.steps = args.steps or defaults["steps"].default
     args.blocks = args.blocks or defaults["blocks"].default
+    keep = (defaults["keep_layouts"].default if args.keep_layouts is None
+            else None if args.keep_layouts == "all" else int(args.keep_layouts))
     rows = []
     for min_points in args.min_points:
         space = grid(model, chip, workload, args.layouts, min_points)
         row = {"grid_points": space.size, "layouts": [x.describe() for x in space.layouts],
                "concurrency_values": len(space.concurrency),
                "power_caps": len(space.power_caps), "device": jax.default_backend()}
+        row["keep_layouts"] = keep
         for name, run in (("gradient", lambda s=space: po.optimize(
-                model, chip, workload, s, tgt, steps=args.steps, blocks=args.blocks)),
+                model, chip, workload, s, tgt, steps=args.steps, blocks=args.blocks,
+                keep_layouts=keep)),
                           ("exhaustive", lambda s=space: po.exhaustive(model, chip, workload,
                                                                         s, tgt))):
             result, cold, warm = timed(run, args.repeats)
@@ -93,8 +99,8 @@ def main(argv=None):
                          or getattr(result, "points", None)}
         if args.split and args.steps > args.blocks:
             _, _, fixed = timed(lambda s=space: po.optimize(
-                model, chip, workload, s, tgt, steps=args.blocks, blocks=args.blocks),
-                args.repeats)
+                model, chip, workload, s, tgt, steps=args.blocks, blocks=args.blocks,
+                keep_layouts=keep), args.repeats)
             row["gradient"]["fixed_warm_s"] = fixed
             row["gradient"]["per_step_warm_s"] = (row["gradient"]["warm_s"] - fixed) / (
                 args.steps - args.blocks)

@@ -1202,8 +1202,9 @@ def _screen_groups(layouts) -> list:
     one when there is only one), each disaggregated layout in a static kernel. Unlike the
     whole searches (`_branch_groups`), the heads do not gain from one kernel per core: each
     kernel already keeps about 1.6 of 2 cores busy (XLA:CPU runs independent operations
-    side by side), and a two-step head is mostly fixed cost, so one kernel for all was
-    faster with 4, 6, 9 and 13 layouts (2 cores, `benchmarks/bench_optimize.py`)."""
+    side by side), so one kernel for all was as fast or faster on 2 cores with 4, 6, 9 and
+    13 layouts (the grids of `benchmarks/bench_optimize.py`; about 15% faster with 4 and
+    with 13)."""
     aggregated = [x for x in layouts if isinstance(x, Layout)]
     alone = [x for x in layouts if not isinstance(x, Layout)]
     return ([tuple(aggregated)] if len(aggregated) > 1 else aggregated) + alone
@@ -1448,7 +1449,7 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
              learning_rate: float = 0.2, temperature=(1.0, 0.05), starts=(0.3, 0.7),
              mu=10.0, sharpness=DEFAULT_SHARPNESS, binding_tol: float = 0.03,
              max_iterations: int = 40, keep_layouts: int | None = 2,
-             screen_steps: int = 2, throw: bool = False) -> OptimizeResult:
+             screen_steps: int | None = None, throw: bool = False) -> OptimizeResult:
     """Find the best design of `space` under `tgt` by gradient descent, then harden it.
 
     Every layout is a branch; each branch runs `len(starts)` Adam trajectories (vectorized)
@@ -1483,8 +1484,11 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
             all). The screen costs `screen_steps` Adam steps and an exact concurrency line
             per layout; on `benchmarks/bench_layouts.py`'s multi-layout scenarios the
             defaults find the grid's optimum within 2% in every one.
-        screen_steps: Adam steps every layout runs before the screen (no screen when it
-            is not below `steps`).
+        screen_steps: Adam steps every layout runs before the screen (None: the first
+            block, `steps // blocks`; no screen when it is not below `steps`). Earlier
+            screens are cheaper but blinder: after 2 to 4 of the default 6 steps, the grid
+            optimum's layout ranked 7th of 13 on one of `benchmarks/bench_optimize.py`'s
+            grids.
         throw: raise `RuntimeError` when no feasible design is found.
 
     Returns:
@@ -1512,12 +1516,14 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     if keep_layouts is not None and (not isinstance(keep_layouts, int) or keep_layouts < 1):
         raise ValueError(f"optimize: keep_layouts is a number of layouts >= 1, or None to "
                          f"search every layout to the end; got {keep_layouts!r}")
-    if not isinstance(screen_steps, int) or screen_steps < 1:
+    if screen_steps is not None and (not isinstance(screen_steps, int) or screen_steps < 1):
         raise ValueError(f"optimize: screen_steps is the number of Adam steps (>= 1) every "
-                         f"layout runs before the layout screen; got {screen_steps!r}")
+                         f"layout runs before the layout screen, or None for the first "
+                         f"block; got {screen_steps!r}")
     t0 = time.perf_counter()
     tables, tables_d, params, moves = _prepared(space, chip, tuple(starts))
     inner = steps // blocks
+    screen_steps = inner if screen_steps is None else screen_steps
     t_start, t_end = temperature
     schedule, temps, lam, mus, scalars = _schedule(blocks, inner, float(t_start), float(t_end),
                                                    len(starts), float(mu), float(sharpness),
