@@ -1203,8 +1203,7 @@ def _screen_groups(layouts) -> list:
     whole searches (`_branch_groups`), the heads do not gain from one kernel per core: each
     kernel already keeps about 1.6 of 2 cores busy (XLA:CPU runs independent operations
     side by side), so one kernel for all was as fast or faster on 2 cores with 4, 6, 9 and
-    13 layouts (the grids of `benchmarks/bench_optimize.py`; about 15% faster with 4 and
-    with 13)."""
+    13 layouts (the grids of `benchmarks/bench_optimize.py`)."""
     aggregated = [x for x in layouts if isinstance(x, Layout)]
     alone = [x for x in layouts if not isinstance(x, Layout)]
     return ([tuple(aggregated)] if len(aggregated) > 1 else aggregated) + alone

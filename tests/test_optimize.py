@@ -455,3 +455,5 @@ def test_cli_json(capsys, groups):
     assert main(["optimize", "--chip", "h200", "--formats", "weights"]) == 2
     assert main(["optimize", "--model", "llama-3.1-8b", "--chip", "h200",
                  "--keep-layouts", "0"]) == 2
+    assert main(["optimize", "--model", "llama-3.1-8b", "--chip", "h200",
+                 "--screen-steps", "0"]) == 2
