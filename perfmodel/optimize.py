@@ -1182,31 +1182,28 @@ def _screen_order(entries: list, n_starts: int) -> list:
     return order
 
 
-def _branch_groups(layouts) -> list:
-    """How the branches run. With more aggregated layouts than cores, they share one
-    vmapped kernel per core (tuples of layouts, as numbers); otherwise each layout, and
-    always each disaggregated one (its pools stay static), has a static kernel of its own.
-    A vmapped kernel is arithmetic-bound with many layouts and costs more than a static one
-    with few, so it pays only past one layout per core (`benchmarks/bench_optimize.py
-    --layouts 13` against `--layouts 2`)."""
-    cores = os.cpu_count() or 1
+def _branch_groups(layouts, kernels: int | None = None) -> list:
+    """How the branches run. With more aggregated layouts than `kernels` (default: one per
+    core), they share `kernels` vmapped kernels (tuples of layouts, as numbers); otherwise
+    each layout, and always each disaggregated one (its pools stay static), has a static
+    kernel of its own. A vmapped kernel is arithmetic-bound with many layouts and costs
+    more than a static one with few, so it pays only past one layout per core
+    (`benchmarks/bench_optimize.py --layouts 13` against `--layouts 2`)."""
+    kernels = kernels or os.cpu_count() or 1
     aggregated = [x for x in layouts if isinstance(x, Layout)]
     alone = [x for x in layouts if not isinstance(x, Layout)]
-    if len(aggregated) <= cores:
+    if len(aggregated) <= kernels:
         return aggregated + alone
-    return [tuple(aggregated[i::cores]) for i in range(cores)] + alone
+    return [tuple(aggregated[i::kernels]) for i in range(kernels)] + alone
 
 
 def _screen_groups(layouts) -> list:
-    """How the screen's heads run: every aggregated layout in one vmapped kernel (a static
-    one when there is only one), each disaggregated layout in a static kernel. Unlike the
-    whole searches (`_branch_groups`), the heads do not gain from one kernel per core: each
-    kernel already keeps about 1.6 of 2 cores busy (XLA:CPU runs independent operations
-    side by side), so one kernel for all was as fast or faster on 2 cores with 4, 6, 9 and
-    13 layouts (the grids of `benchmarks/bench_optimize.py`)."""
-    aggregated = [x for x in layouts if isinstance(x, Layout)]
-    alone = [x for x in layouts if not isinstance(x, Layout)]
-    return ([tuple(aggregated)] if len(aggregated) > 1 else aggregated) + alone
+    """How the screen's heads run: `_branch_groups` with one vmapped kernel for every
+    aggregated layout. Unlike the whole searches, the heads do not gain from one kernel
+    per core: each kernel of this kind already keeps both cores busy (XLA:CPU runs
+    independent operations side by side), so one kernel for all was as fast or faster on
+    2 cores with 4, 6, 9 and 13 layouts (the grids of `benchmarks/bench_optimize.py`)."""
+    return _branch_groups(layouts, kernels=1)
 
 
 def _hard_impl(indices, chip, workload, tables, tgt, *, model, layout, objective):
