@@ -741,9 +741,9 @@ def _block(loss, optimizer, carry, temps, update=True):
     """Adam steps of one start at the temperatures `temps` from `carry` = (flat parameters,
     Adam state, lam, mu, last violation), under the carry's multipliers; with `update`
     (the block's end), then lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the
-    violation does not halve. Returns the carry, the per-step (score, g) and the (lam, mu)
-    the steps used. (Also returning the final loss doubled the cost of every Adam step on
-    XLA:CPU: callers that need it evaluate it once, after the scan.)
+    violation does not halve. Returns the carry, the per-step (score, largest violation)
+    and the (lam, mu) the steps used. (Also returning the final loss doubled the cost of
+    every Adam step on XLA:CPU: callers that need it evaluate it once, after the scan.)
 
     Gradients are reverse mode: XLA:CPU pays per operation, not per number, at this size,
     and with the operators stacked a reverse pass has fewer operations than a forward pass
@@ -755,7 +755,12 @@ def _block(loss, optimizer, carry, temps, update=True):
         x, st = inner
         grads, (score, g) = jax.grad(loss, has_aux=True)(x, lam_, mu_, temperature)
         updates, st = optimizer.update(grads, st, x)
-        return (optax.apply_updates(x, updates), st), (score, g)
+        # The trajectory keeps the score and the largest violation per step, not the
+        # constraint vector: stacked over a block, that is a buffer of the step's loop over
+        # 512 bytes, and XLA:CPU runs a loop body whose buffers are all smaller in order on
+        # one thread, any other through its thread pool, at several times the cost per
+        # operation at this size.
+        return (optax.apply_updates(x, updates), st), (score, jnp.max(jnp.maximum(g, 0.0)))
 
     (flat, state), trace = jax.lax.scan(step, (flat, state), temps)
     used = (lam_, mu_)
@@ -770,7 +775,7 @@ def _block(loss, optimizer, carry, temps, update=True):
 
 def _run_blocks(loss, optimizer, carry, temperatures):
     """Augmented-Lagrangian blocks of one start (`_block`), one per row of `temperatures`
-    (blocks, inner), in one scan. Returns the carry, the per-step (score, g), shaped
+    (blocks, inner), in one scan. Returns the carry, the per-step (score, violation), shaped
     (blocks, inner, ...), and the (lam, mu) each block used."""
     return jax.lax.scan(lambda c, t: _block(loss, optimizer, c, t), carry, temperatures)
 
@@ -779,8 +784,8 @@ def _run_steps(loss, optimizer, carry, temperatures, first: int, last: int):
     """Adam steps `first` to `last` (static; counted over the whole schedule
     `temperatures` (blocks, inner)) of one start from `carry`: the rest of a block begun
     before `first`, the whole blocks, then the start of the block that `last` ends in,
-    without its multiplier update. Returns the carry, the steps' (scores, gs) (flat) and
-    the (lams, mus) of the blocks that ended, with a leading block axis."""
+    without its multiplier update. Returns the carry, the steps' (scores, violations)
+    (flat) and the (lams, mus) of the blocks that ended, with a leading block axis."""
     blocks, inner = temperatures.shape
     flat_t = temperatures.reshape(-1)
     pieces, ended = [], []
@@ -802,20 +807,20 @@ def _run_steps(loss, optimizer, carry, temperatures, first: int, last: int):
         carry, (trace, _) = _block(loss, optimizer, carry, flat_t[first:last], update=False)
         pieces.append(trace)
     scores = jnp.concatenate([p[0] for p in pieces])
-    gs = jnp.concatenate([p[1] for p in pieces])
+    violations = jnp.concatenate([p[1] for p in pieces])
     lam0, mu0 = carry[2], carry[3]
     lams = (jnp.concatenate([u[0] for u in ended]) if ended
             else jnp.zeros((0, *lam0.shape), lam0.dtype))
     mus = (jnp.concatenate([u[1] for u in ended]) if ended
            else jnp.zeros((0, *mu0.shape), mu0.dtype))
-    return carry, (scores, gs), (lams, mus)
+    return carry, (scores, violations), (lams, mus)
 
 
 def _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, *,
                model, layout, objective, learning_rate, head_steps):
     """The first `head_steps` Adam steps of the relaxed search of one branch, vmapped over
-    the starts (`params` stacked): (carry, (scores, gs) per step, (lams, mus) per ended
-    block), all with a leading start axis. A head that ends inside a block leaves its
+    the starts (`params` stacked): (carry, (scores, violations) per step, (lams, mus) per
+    ended block), all with a leading start axis. A head that ends inside a block leaves its
     multiplier update to `_tail_impl`, so a search split there follows the same path as one
     run whole."""
     optimizer = _optimizer(learning_rate)
@@ -835,19 +840,20 @@ def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpnes
     """The rest of one branch from `_head_impl`'s result `head`: the remaining blocks, the
     relaxed side of the report (at the last temperature, with its loss under the last
     block's multipliers), then rounding, repair and polish (`_harden`). Returns (lam after
-    the last block, per-step (scores, gs), relaxed (loss, score, g, metrics, value),
+    the last block, per-step (scores, violations), relaxed (loss, score, g, metrics, value),
     hardened), with a leading start axis where per start."""
     optimizer = _optimizer(learning_rate)
     loss, unravel = _relaxed_loss(params, chip, workload, tables, tgt, sharpness, model=model,
                                   layout=layout, objective=objective)
 
     def one_start(carry, trace, used):
-        scores, gs = trace
+        scores, violations = trace
         lams, mus = used
         if temperatures.size > head_steps:          # static: more steps only when needed
-            carry, (more, g_more), (lam_more, mu_more) = _run_steps(
+            carry, (more, v_more), (lam_more, mu_more) = _run_steps(
                 loss, optimizer, carry, temperatures, head_steps, temperatures.size)
-            scores, gs = jnp.concatenate([scores, more]), jnp.concatenate([gs, g_more])
+            scores = jnp.concatenate([scores, more])
+            violations = jnp.concatenate([violations, v_more])
             lams, mus = jnp.concatenate([lams, lam_more]), jnp.concatenate([mus, mu_more])
         lam_last, mu_last = lams[-1], mus[-1]
         p = unravel(carry[0])
@@ -855,7 +861,7 @@ def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpnes
         score, g, metrics, value = evaluate(model, chip, workload, layout, tables, choice,
                                             tgt, objective, sharpness, vectorize=True)
         final_loss = _augmented_loss(score, g, lam_last, mu_last)
-        return p, carry[2], (scores, gs), (final_loss, score, g, metrics.arrays(), value)
+        return p, carry[2], (scores, violations), (final_loss, score, g, metrics.arrays(), value)
 
     p, lam_out, trace, final = jax.vmap(one_start)(*head)
     hardened = _harden(p, chip, workload, tables, tgt, moves, max_iterations, model=model,
@@ -1605,9 +1611,9 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     layout_weights = {_layout_name(b["layout"]): float(w) for b, w in
                       zip(branches, weights, strict=True)}
     layout_weights.update({name: 0.0 for name in screened})
-    scores, gs = branch["trace"]
+    scores, violations = branch["trace"]
     trajectory = {"score": scores[si].tolist(),
-                  "max_violation": np.max(np.maximum(gs[si], 0.0), axis=-1).tolist(),
+                  "max_violation": violations[si].tolist(),
                   "temperature": schedule[:inner * blocks].tolist()}
 
     described = _describe(space, tables, layout, index)

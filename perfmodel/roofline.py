@@ -284,12 +284,14 @@ def stack_operators(ops) -> Operator:
 
 
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
-                   decode_seqs_per_chip, sharpness, hard):
+                   decode_seqs_per_chip, sharpness, hard, peak=None):
     """`operator_time` with the operator's kind given as data, `attention` (bool) and the
     placement of its weights `weight_map`, so that `jax.vmap` can run a stack of operators
-    through one copy of the formulas."""
+    through one copy of the formulas. `peak` (FLOP/s), when given, is the operator's peak
+    for its `compute_mix`, reduced by the caller."""
     eff = chip.efficiency
-    peak = jnp.sum(op.compute_mix * chip.peak_flops, axis=-1)
+    if peak is None:
+        peak = jnp.sum(op.compute_mix * chip.peak_flops, axis=-1)
     # Attention kernels reach their own ceiling; matmuls a fraction set by their rows.
     fraction = jnp.where(attention, eff.attention_max, eff.compute_fraction(op.rows))
     compute = op.flops / (peak * jnp.maximum(fraction, 1e-6))
@@ -357,19 +359,27 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     # included) at its kernel efficiency.
     if vectorize:
         # Every operator through one copy of the formulas, vectorized over the operators.
-        def one(op, attention, experts, weight_map):
+        def one(op, attention, experts, weight_map, peak, per_flop):
             t, _ = _operator_time(op, attention, weight_map, chip, design, seqs_per_chip,
-                                  sharpness, hard)
+                                  sharpness, hard, peak)
             t = t / jnp.where(experts, runtime.expert_efficiency, 1.0) \
                 / runtime.kernel_efficiency
-            energy = op.flops * jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
-            return t, energy, op.flops, op.hbm_bytes
+            return t, op.flops * per_flop, op.flops, op.hbm_bytes
 
         kinds = np.asarray([(op.name == "attention", op.name == "experts") for op in ops])
+        # Each operator's peak FLOP/s and energy per FLOP are reduced over its compute mix
+        # before stacking: a stacked (operators, ..., classes) mix would be an array of the
+        # gradient step over XLA:CPU's 512-byte limit for running a loop body in order
+        # (see `optimize._block`).
         weight_maps = jnp.stack(jnp.broadcast_arrays(
             *[design.mapping.weight_class(op.name) for op in ops]))
+        mixes = [op.compute_mix for op in ops]
+        peaks = jnp.stack(jnp.broadcast_arrays(*[jnp.sum(m * chip.peak_flops, axis=-1)
+                                                  for m in mixes]))
+        per_flop = jnp.stack(jnp.broadcast_arrays(
+            *[jnp.sum(m * chip.energy.per_flop, axis=-1) for m in mixes]))
         t, energy, flops, hbm_bytes = jax.vmap(one)(stack_operators(ops), kinds[:, 0],
-                                                    kinds[:, 1], weight_maps)
+                                                    kinds[:, 1], weight_maps, peaks, per_flop)
         times, operators_time = tuple(t), jnp.sum(t, axis=0)
         energy, flops, hbm_bytes = (jnp.sum(x, axis=0) for x in (energy, flops, hbm_bytes))
     else:

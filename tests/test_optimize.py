@@ -257,11 +257,11 @@ def test_split_search_follows_the_whole_one(groups, head_steps):
     split = po._unpack(np.asarray(po._finish(
         heads, np.int32(0), params, temps, chip, workload, tables_d, tgt, scalars[0], moves,
         scalars[1], layout=layout, head_steps=head_steps, **static)), key)
-    lam_w, (scores_w, gs_w), final_w, hard_w = whole
-    lam_s, (scores_s, gs_s), final_s, hard_s = split
+    lam_w, (scores_w, violations_w), final_w, hard_w = whole
+    lam_s, (scores_s, violations_s), final_s, hard_s = split
     assert scores_s.shape == scores_w.shape == (2, 24)
     np.testing.assert_allclose(scores_s, scores_w, rtol=1e-9)
-    np.testing.assert_allclose(gs_s, gs_w, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(violations_s, violations_w, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(lam_s, lam_w, rtol=1e-9, atol=1e-12)
     assert np.any(lam_w > 0)                # the multiplier updates did something
     np.testing.assert_allclose(final_s[0], final_w[0], rtol=1e-9)
