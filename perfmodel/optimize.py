@@ -1069,13 +1069,12 @@ def _optimizer(learning_rate: float):
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
 
 
-def _solve_key(params, temperatures, kwargs) -> tuple:
-    """What fixes the structure of a branch's result (`_tail_impl`): the static arguments,
-    the number of starts (`params`' leading axis) and the schedule's shape
-    (`temperatures`)."""
-    starts = jax.tree_util.tree_leaves(params)[0].shape[0]
-    return (tuple(sorted((k, v) for k, v in kwargs.items() if k != "head_steps")), starts,
-            tuple(temperatures.shape))
+def _solve_key(params, temperatures) -> tuple:
+    """What fixes the structure of a branch's result (`_tail_impl`): the number of starts
+    (`params`' leading axis) and the schedule's shape (`temperatures`). Not the model,
+    layout or objective, which change no shape: a key holding the `Model` cost about
+    12 us to build and look up (hashing it), per branch and call."""
+    return jax.tree_util.tree_leaves(params)[0].shape[0], tuple(temperatures.shape)
 
 
 #: Structure of a branch's packed result by `_solve_key`, recorded when it is traced.
@@ -1098,6 +1097,9 @@ def _pack(tree, key) -> jnp.ndarray:
 def _unpack(flat: np.ndarray, key: tuple):
     """The pytree `_pack` packed into `flat` (host arrays)."""
     treedef, specs = _SOLVE_OUTPUTS[key]
+    if flat.shape != (specs[-1][1],):
+        raise AssertionError(f"optimize: a packed result of {flat.shape} values, expected "
+                             f"{specs[-1][1]} (a kernel's output structure changed)")
     leaves = [flat[start:end].reshape(shape) if dtype is None
               else flat[start:end].reshape(shape).astype(dtype)
               for start, end, shape, dtype in specs]
@@ -1113,7 +1115,7 @@ def _counted_solve(*args, **kwargs):
     """`_solve_impl`, packed (`_pack`)."""
     TRACES[("solve", kwargs["model"].name, kwargs["layout"].describe(),
             kwargs["objective"])] += 1
-    return _pack(_solve_impl(*args, **kwargs), _solve_key(args[0], args[3], kwargs))
+    return _pack(_solve_impl(*args, **kwargs), _solve_key(args[0], args[3]))
 
 
 def _counted_solve_layouts(*args, layouts, **kwargs):
@@ -1123,7 +1125,7 @@ def _counted_solve_layouts(*args, layouts, **kwargs):
     layout (XLA:CPU pays per operation at this size, not per number). One row per layout."""
     TRACES[("solve", kwargs["model"].name, "+".join(x.describe() for x in layouts),
             kwargs["objective"])] += 1
-    key = _solve_key(args[0], args[3], dict(kwargs, layout=layouts))
+    key = _solve_key(args[0], args[3])
     return jax.vmap(lambda layout: _pack(_solve_impl(*args, layout=layout, **kwargs), key))(
         _stacked_numbers(layouts))
 
@@ -1151,7 +1153,7 @@ def _counted_finish(heads, row, *args, **kwargs):
     TRACES[("finish", kwargs["model"].name, kwargs["layout"].describe(),
             kwargs["objective"])] += 1
     head = jax.tree_util.tree_map(lambda x: x[row], heads)
-    return _pack(_tail_impl(head, *args, **kwargs), _solve_key(args[0], args[1], kwargs))
+    return _pack(_tail_impl(head, *args, **kwargs), _solve_key(args[0], args[1]))
 
 
 #: Traces of the compiled kernels by (kernel, model, layout, objective): targets,
@@ -1177,8 +1179,9 @@ def _screen_order(entries: list, n_starts: int) -> list:
     format and placement choice; the relaxed loss still sees a layout whose choice has not
     settled yet (`benchmarks/bench_layouts.py` reports where the grid's best layout
     ranks)."""
-    by_line = sorted(entries, key=lambda e: -float(np.max(e[0][n_starts:])))
-    by_loss = sorted(entries, key=lambda e: float(np.min(e[0][:n_starts])))
+    rows = {id(e): e[0].tolist() for e in entries}      # floats: cheaper to compare
+    by_line = sorted(entries, key=lambda e: -max(rows[id(e)][n_starts:]))
+    by_loss = sorted(entries, key=lambda e: min(rows[id(e)][:n_starts]))
     order, placed = [], set()
     for pair in zip(by_line, by_loss, strict=True):
         for entry in pair:
@@ -1553,9 +1556,7 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         pending = _map_branches(run, groups)
         for group, flat in zip(groups, jax.device_get(pending), strict=True):
             rows = zip(group, flat, strict=True) if isinstance(group, tuple) else [(group, flat)]
-            for layout, row in rows:
-                branches.append(dict(layout=layout, row=row,
-                                     key=_solve_key(params, temps, dict(static, layout=group))))
+            branches.extend(dict(layout=layout, row=row) for layout, row in rows)
     else:
         # Every layout runs the first `screen_steps` steps (vmapped kernels, as
         # `_screen_groups` says); the `keep_layouts` best by the screen continue, each in a
@@ -1588,10 +1589,10 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
 
         pending = _map_branches(run_tail, kept)
         for (_, layout, _, _), row in zip(kept, jax.device_get(pending), strict=True):
-            branches.append(dict(layout=layout, row=row,
-                                 key=_solve_key(params, temps, dict(static, layout=layout))))
+            branches.append(dict(layout=layout, row=row))
+    key = _solve_key(params, temps)
     for b in branches:
-        b["lam"], b["trace"], b["final"], b["hardened"] = _unpack(b.pop("row"), b.pop("key"))
+        b["lam"], b["trace"], b["final"], b["hardened"] = _unpack(b.pop("row"), key)
     evaluations = int(sum(b["hardened"]["evaluations"] for b in branches))
     if screen:      # the screen's concurrency lines
         evaluations += len(space.layouts) * len(starts) * len(space.concurrency)

@@ -248,7 +248,7 @@ def test_split_search_follows_the_whole_one(groups, head_steps):
     _, temps, lam, mus, scalars = po._schedule(4, 6, 1.0, 0.05, 2, 10.0,
                                                float(po.DEFAULT_SHARPNESS), 40)
     static = dict(model=model, objective="tok_s_per_kw", learning_rate=0.2)
-    key = po._solve_key(params, temps, dict(static, layout=layout))
+    key = po._solve_key(params, temps)
     whole = po._unpack(np.asarray(po._solve(
         params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0], moves,
         scalars[1], layout=layout, **static)), key)
