@@ -757,9 +757,9 @@ def _block(loss, optimizer, carry, temps, update=True):
         updates, st = optimizer.update(grads, st, x)
         # The trajectory keeps the score and the largest violation per step, not the
         # constraint vector: stacked over a block, that is a buffer of the step's loop over
-        # 512 bytes, and XLA:CPU runs a loop body whose buffers are all smaller in order on
-        # one thread, any other through its thread pool, at several times the cost per
-        # operation at this size.
+        # 512 bytes. XLA:CPU runs a loop body in order on one thread only when all its
+        # buffers are at most 512 bytes; otherwise it hands each of the step's ~300 small
+        # kernels to its thread pool, which costs more than the kernel itself at this size.
         return (optax.apply_updates(x, updates), st), (score, jnp.max(jnp.maximum(g, 0.0)))
 
     (flat, state), trace = jax.lax.scan(step, (flat, state), temps)
