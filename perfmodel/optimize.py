@@ -705,8 +705,10 @@ def _jit(fun, static_argnames):
 
 def _map_branches(fun, layouts) -> list:
     """`fun(layout)` for every layout, from one thread per core: XLA compiles and runs
-    kernels with the GIL released, so the branches' compilations (seconds each) and runs
-    overlap. Results are whatever `fun` returns (usually device arrays still computing)."""
+    kernels with the GIL released, so the branches' compilations (seconds each) overlap,
+    and their runs partly (a warm kernel of about a millisecond spends much of it in
+    dispatch and thread hand-offs). Results are whatever `fun` returns (usually device
+    arrays still computing)."""
     if len(layouts) == 1 or (os.cpu_count() or 1) == 1:
         return [fun(layout) for layout in layouts]
     return list(_branch_pool().map(fun, layouts))
