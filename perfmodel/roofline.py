@@ -283,15 +283,25 @@ def stack_operators(ops) -> Operator:
     return Operator(name="+".join(op.name for op in ops), **fields)
 
 
+def _peak(op: Operator, chip: Chip):
+    """Peak FLOP/s of the operator's compute mix on `chip`."""
+    return jnp.sum(op.compute_mix * chip.peak_flops, axis=-1)
+
+
+def _energy_per_flop(op: Operator, chip: Chip):
+    """Dynamic energy per FLOP (J) of the operator's compute mix on `chip`."""
+    return jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
+
+
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
                    decode_seqs_per_chip, sharpness, hard, peak=None):
     """`operator_time` with the operator's kind given as data, `attention` (bool) and the
     placement of its weights `weight_map`, so that `jax.vmap` can run a stack of operators
     through one copy of the formulas. `peak` (FLOP/s), when given, is the operator's peak
-    for its `compute_mix`, reduced by the caller."""
+    for its `compute_mix` (`_peak`), reduced by the caller."""
     eff = chip.efficiency
     if peak is None:
-        peak = jnp.sum(op.compute_mix * chip.peak_flops, axis=-1)
+        peak = _peak(op, chip)
     # Attention kernels reach their own ceiling; matmuls a fraction set by their rows.
     fraction = jnp.where(attention, eff.attention_max, eff.compute_fraction(op.rows))
     compute = op.flops / (peak * jnp.maximum(fraction, 1e-6))
@@ -373,11 +383,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         # (see `optimize._block`).
         weight_maps = jnp.stack(jnp.broadcast_arrays(
             *[design.mapping.weight_class(op.name) for op in ops]))
-        mixes = [op.compute_mix for op in ops]
-        peaks = jnp.stack(jnp.broadcast_arrays(*[jnp.sum(m * chip.peak_flops, axis=-1)
-                                                  for m in mixes]))
-        per_flop = jnp.stack(jnp.broadcast_arrays(
-            *[jnp.sum(m * chip.energy.per_flop, axis=-1) for m in mixes]))
+        peaks = jnp.stack(jnp.broadcast_arrays(*[_peak(op, chip) for op in ops]))
+        per_flop = jnp.stack(jnp.broadcast_arrays(*[_energy_per_flop(op, chip) for op in ops]))
         t, energy, flops, hbm_bytes = jax.vmap(one)(stack_operators(ops), kinds[:, 0],
                                                     kinds[:, 1], weight_maps, peaks, per_flop)
         times, operators_time = tuple(t), jnp.sum(t, axis=0)
@@ -388,8 +395,7 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
             / (runtime.expert_efficiency if op.name == "experts" else 1.0)
             / runtime.kernel_efficiency for op in ops)
         operators_time = sum(times)
-        energy = sum(op.flops * jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
-                     for op in ops)
+        energy = sum(op.flops * _energy_per_flop(op, chip) for op in ops)
         flops, hbm_bytes = sum(op.flops for op in ops), sum(op.hbm_bytes for op in ops)
     tokens = jnp.asarray(decode_seqs, dtype=float) * (1.0 + design.speculative.draft_tokens) \
         + jnp.asarray(prefill_tokens, dtype=float)
