@@ -573,15 +573,22 @@ class Relaxed(eqx.Module):
         cap_lo, cap_hi = tables.caps[0], tables.caps[-1]
         cap = cap_lo + (cap_hi - cap_lo) * jax.nn.sigmoid(self.cap_logit)
 
-        def soft(logits):
-            return jax.nn.softmax(logits / temperature)
-
-        return Choice(concurrency=c, power_cap=cap, weights=soft(self.weights),
-                      experts=soft(self.experts), kv=soft(self.kv),
-                      attention_placement=soft(self.attention_placement),
-                      dense_placement=soft(self.dense_placement),
-                      expert_placement=soft(self.expert_placement),
-                      kv_placement=soft(self.kv_placement))
+        # The seven softmaxes as one, over rows padded to the widest and masked: XLA:CPU
+        # runs each softmax as its own handful of small kernels, and a step pays per
+        # kernel at this size (56 of the 326 of an Adam step were these).
+        logits = (self.weights, self.experts, self.kv, self.attention_placement,
+                  self.dense_placement, self.expert_placement, self.kv_placement)
+        sizes = [x.shape[-1] for x in logits]
+        width = max(sizes)
+        rows = jnp.stack([jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
+                          for x, n in zip(logits, sizes, strict=True)], axis=-2)
+        mask = np.arange(width)[None, :] < np.asarray(sizes)[:, None]
+        p = jax.nn.softmax(rows / temperature, axis=-1, where=mask)
+        weights, experts, kv, attention, dense, expert_pl, kv_pl = (
+            p[..., i, :n] for i, n in enumerate(sizes))
+        return Choice(concurrency=c, power_cap=cap, weights=weights, experts=experts, kv=kv,
+                      attention_placement=attention, dense_placement=dense,
+                      expert_placement=expert_pl, kv_placement=kv_pl)
 
 
 def _initial(space: Space, start: float) -> Relaxed:
