@@ -73,17 +73,20 @@ class AbstractInterconnect(eqx.Module):
         if n == 1 and kind != "p2p":
             return jnp.zeros_like(_array(message_bytes))
         steps, bw_mult, traffic = self._effective(kind, int(n))
-        achieved = self.bandwidth * self.efficiency * bw_mult
-        return self.base_latency + steps * self.latency \
-            + traffic * _array(message_bytes) / achieved
+        return self._time(steps, bw_mult, traffic, message_bytes)
+
+    def _time(self, steps, bw_mult, traffic, message_bytes):
+        # Seconds per byte apart from the message: inside a gradient loop it depends on the
+        # chip and the layout only, so XLA hoists it out, and each step multiplies instead
+        # of dividing (a division per collective was a small kernel of its own per step).
+        per_byte = traffic / (self.bandwidth * self.efficiency * bw_mult)
+        return self.base_latency + steps * self.latency + _array(message_bytes) * per_byte
 
     def _time_numbers(self, kind, message_bytes, n):
         # The formulas run on n >= 2 (a group of one moves nothing and its terms, e.g. a
         # torus spanning no axis, divide by zero); groups of one then select 0.
         steps, bw_mult, traffic = self._effective(kind, jnp.maximum(n, 2.0))
-        achieved = self.bandwidth * self.efficiency * bw_mult
-        time = self.base_latency + steps * self.latency \
-            + traffic * _array(message_bytes) / achieved
+        time = self._time(steps, bw_mult, traffic, message_bytes)
         if kind == "p2p":
             return time
         return jnp.where(n == 1, 0.0, time)
