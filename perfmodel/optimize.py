@@ -767,7 +767,7 @@ def _block(loss, optimizer, carry, temps, update=True):
         # The trajectory keeps the score and the largest violation per step, not the
         # constraint vector: stacked over a block, that is a buffer of the step's loop over
         # 512 bytes. XLA:CPU runs a loop body in order on one thread only when all its
-        # buffers are at most 512 bytes; otherwise it hands each of the step's ~300 small
+        # buffers are at most 512 bytes; otherwise it hands each of the step's ~250 small
         # kernels to its thread pool, which costs more than the kernel itself at this size.
         return (optax.apply_updates(x, updates), st), (score, jnp.max(jnp.maximum(g, 0.0)))
 
