@@ -720,8 +720,10 @@ _STATICS: dict = {}
 
 def _static(value):
     """`value` wrapped as `_Static`, one wrapper per object (the entry keeps the object
-    alive, so its id is not reused while the entry stands)."""
-    if isinstance(value, (str, int, float)):
+    alive, so its id is not reused while the entry stands). Cheap values, and tuples (a
+    search builds its layout groups afresh on every call, so a wrapper would never be
+    reused), pass through."""
+    if isinstance(value, (str, int, float, tuple)):
         return value
     hit = _STATICS.get(id(value))
     if hit is None or hit.value is not value:

@@ -44,9 +44,9 @@ def smooth_max(*xs, sharpness=DEFAULT_SHARPNESS, hard: bool = False):
         # of pairwise maxima into each consumer and recomputes it there (measured: 18 ->
         # 23 ms for 140k designs).
         return jnp.max(jnp.stack(xs), axis=0)
-    # Unstacked: in the gradient step a stack of the arguments is an array over XLA:CPU's
-    # 512-byte limit for running a loop body in order (see `optimize._block`).
-    # In the log domain: top * (sum_i (x_i / top)^p)^(1/p) = exp(m + log(sum_i exp(p (l_i -
+    # Unstacked (in the gradient step a stack of the arguments is an array over XLA:CPU's
+    # 512-byte limit for running a loop body in order; see `optimize._block`), and in the
+    # log domain: top * (sum_i (x_i / top)^p)^(1/p) = exp(m + log(sum_i exp(p (l_i -
     # m))) / p) with l_i = log x_i and m = max_i l_i. A division per argument (the ratio
     # x_i / top) was one more small kernel of the gradient step each on XLA:CPU, which
     # pays per kernel at this size. Zero arguments have l_i = -inf, a zero term and a zero
