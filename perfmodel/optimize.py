@@ -51,6 +51,7 @@ import math
 import os
 import threading
 import time
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -621,42 +622,93 @@ def _schedule(blocks: int, inner: int, t_start: float, t_end: float, n_starts: i
     schedule = t_start * (t_end / t_start) ** (np.arange(inner * blocks) / max(
         inner * blocks - 1, 1))
     lam, mus = np.zeros((n_starts, len(CONSTRAINTS))), np.full((n_starts,), mu)
-    scalars = (np.asarray(sharpness, dtype=float), np.asarray(max_iterations))
-    return (schedule, *jax.device_put((schedule.reshape(blocks, inner), lam, mus, scalars)))
+    return (schedule, schedule.reshape(blocks, inner), lam, mus,
+            np.asarray(sharpness, dtype=float), np.asarray(max_iterations))
 
 
-_DEVICE_CACHE: dict = {}
+class _Inputs(NamedTuple):
+    """What a search kernel reads: the stacked starts, their multipliers and penalty
+    weights, the annealed temperatures (blocks, inner), the specs, the grid's tables, the
+    targets, the smooth-max p, the local search's neighbourhood (`_moves`) and its cap on
+    moves."""
+
+    params: Relaxed
+    lam: jnp.ndarray
+    mu: jnp.ndarray
+    temperatures: jnp.ndarray
+    chip: Chip
+    workload: Workload
+    tables: _Tables
+    tgt: Targets
+    sharpness: jnp.ndarray
+    moves: tuple
+    max_iterations: jnp.ndarray
 
 
-def _device(tree):
-    """`tree` on the device, once per object: for the optimizer's cached, read-only inputs
-    (`_tables`, `_initial_stack`, `_moves` return the same object for the same key)."""
-    key = id(tree)
-    hit = _DEVICE_CACHE.get(key)
-    if hit is None or hit[0] is not tree:
-        if len(_DEVICE_CACHE) > 256:
-            _DEVICE_CACHE.clear()
-        hit = _DEVICE_CACHE[key] = (tree, jax.device_put(tree))
-    return hit[1]
+class _Spec:
+    """Static structure of a packed `_Inputs` vector (`_packed`): the pytree and each
+    leaf's shape and dtype, hashed once (`jax.jit` hashes its static arguments on every
+    call)."""
+
+    __slots__ = ("treedef", "leaves", "_hash")
+
+    def __init__(self, treedef, leaves: tuple):
+        self.treedef, self.leaves = treedef, leaves
+        self._hash = hash((treedef, leaves))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return type(other) is _Spec and (other is self or (
+            other.leaves == self.leaves and other.treedef == self.treedef))
 
 
-_PREPARED: dict = {}
+def _flatten(tree) -> tuple[np.ndarray, _Spec]:
+    """`tree` (`_Inputs`, or the exact evaluation's specs and tables) as one float vector
+    (host) and its `_Spec`; integers and booleans are small and exact in float."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    arrays = [np.asarray(x) for x in leaves]
+    spec = _Spec(treedef, tuple((x.shape, jax.dtypes.canonicalize_dtype(x.dtype))
+                                for x in arrays))
+    return np.concatenate([x.ravel().astype(float) for x in arrays]), spec
 
 
-def _prepared(space: Space, chip: Chip, starts: tuple[float, ...]):
-    """(tables, and on the device: tables, stacked starts, neighbourhood) of a search,
-    memoized on the identity of `space` and `chip`: the caches behind them are keyed on
-    their values, and hashing a `Space` costs a twentieth of a small search."""
-    key = (id(space), id(chip), starts)
-    hit = _PREPARED.get(key)
-    if hit is None or hit[0] is not space or hit[1] is not chip:
-        if len(_PREPARED) > 64:
-            _PREPARED.clear()
+def _unflatten(flat, spec: _Spec):
+    """The pytree packed by `_flatten` into `flat` (traced)."""
+    leaves, start = [], 0
+    for shape, dtype in spec.leaves:
+        size = math.prod(shape)
+        leaves.append(flat[start:start + size].reshape(shape).astype(dtype))
+        start += size
+    return jax.tree_util.tree_unflatten(spec.treedef, leaves)
+
+
+_PACKED: dict = {}
+
+
+def _packed(space: Space, chip: Chip, workload: Workload, tgt: Targets,
+            starts: tuple[float, ...], schedule: tuple):
+    """(host tables, host schedule, stacked starts, and the search kernels' `_Inputs` as one
+    vector on the device with its `_Spec`), memoized on the identity of the specs and the
+    values of the settings (`schedule`: `_schedule`'s arguments). A kernel takes its inputs
+    as this one vector: passing them as the pytrees they are cost about 60 us a call,
+    against 4 us (85 leaves: jit flattens each module in Python and hands each leaf to the
+    runtime), and a search makes three calls of about half a millisecond."""
+    key = (id(space), id(chip), id(workload), id(tgt), starts, schedule)
+    hit = _PACKED.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], (space, chip, workload, tgt),
+                                                      strict=True)):
+        if len(_PACKED) > 64:
+            _PACKED.clear()
         tables = _tables(space, chip)
-        hit = _PREPARED[key] = (space, chip, tables, _device(tables),
-                                _device(_initial_stack(space, starts)),
-                                _device(_moves(space.shape)))
-    return hit[2:]
+        params = _initial_stack(space, starts)
+        host, temps, lam, mus, sharpness, max_iterations = _schedule(*schedule)
+        flat, spec = _flatten(_Inputs(params, lam, mus, temps, chip, workload, tables, tgt,
+                                      sharpness, _moves(space.shape), max_iterations))
+        hit = _PACKED[key] = ((space, chip, workload, tgt), tables, host, params,
+                              jax.device_put(flat), spec)
+    return hit[1:]
 
 
 def relaxed_evaluate(model: Model, chip: Chip, workload: Workload, layout, space: Space,
@@ -1163,63 +1215,75 @@ def _stacked_numbers(layouts):
     return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[x.numbers() for x in layouts])
 
 
-def _counted_solve(*args, **kwargs):
-    """`_solve_impl`, packed (`_pack`)."""
+def _counted_solve(flat, *, spec, **kwargs):
+    """`_solve_impl` of the packed inputs `flat` (`_packed`), its result packed (`_pack`)."""
     TRACES[("solve", kwargs["model"].name, kwargs["layout"].describe(),
             kwargs["objective"])] += 1
-    return _pack(_solve_impl(*args, **kwargs), _solve_key(args[0], args[3]))
+    x = _unflatten(flat, spec)
+    return _pack(_solve_impl(*x, **kwargs), _solve_key(x.params, x.temperatures))
 
 
-def _counted_solve_layouts(*args, layouts, **kwargs):
+def _counted_solve_layouts(flat, *, spec, layouts, **kwargs):
     """`_counted_solve` of every layout of `layouts` (static `Layout`s, at least two) in one
     kernel: the layouts enter as numbers (`Layout.numbers()`, stacked) and `jax.vmap` runs
     their searches side by side, so the kernel's cost per Adam step is about that of one
     layout (XLA:CPU pays per operation at this size, not per number). One row per layout."""
     TRACES[("solve", kwargs["model"].name, "+".join(x.describe() for x in layouts),
             kwargs["objective"])] += 1
-    key = _solve_key(args[0], args[3])
-    return jax.vmap(lambda layout: _pack(_solve_impl(*args, layout=layout, **kwargs), key))(
+    x = _unflatten(flat, spec)
+    key = _solve_key(x.params, x.temperatures)
+    return jax.vmap(lambda layout: _pack(_solve_impl(*x, layout=layout, **kwargs), key))(
         _stacked_numbers(layouts))
 
 
-def _counted_screen(*args, **kwargs):
+def _screen_inputs(x: _Inputs) -> tuple:
+    return x.params, x.lam, x.mu, x.temperatures, x.chip, x.workload, x.tables, x.tgt, \
+        x.sharpness
+
+
+def _counted_screen(flat, *, spec, **kwargs):
     """`_screen_impl` of one static layout, with a leading layout axis of 1 (as
     `_counted_screen_layouts` has one per layout)."""
     TRACES[("screen", kwargs["model"].name, kwargs["layout"].describe(),
             kwargs["objective"])] += 1
-    return jax.tree_util.tree_map(lambda x: x[None], _screen_impl(*args, **kwargs))
+    return jax.tree_util.tree_map(lambda x: x[None], _screen_impl(
+        *_screen_inputs(_unflatten(flat, spec)), **kwargs))
 
 
-def _counted_screen_layouts(*args, layouts, **kwargs):
+def _counted_screen_layouts(flat, *, spec, layouts, **kwargs):
     """`_screen_impl` of every layout of `layouts` in one vmapped kernel (as
     `_counted_solve_layouts`)."""
     TRACES[("screen", kwargs["model"].name, "+".join(x.describe() for x in layouts),
             kwargs["objective"])] += 1
+    args = _screen_inputs(_unflatten(flat, spec))
     return jax.vmap(lambda layout: _screen_impl(*args, layout=layout, **kwargs))(
         _stacked_numbers(layouts))
 
 
-def _counted_finish(heads, row, *args, **kwargs):
+def _counted_finish(heads, row, flat, *, spec, **kwargs):
     """`_tail_impl` of one static layout from row `row` of a screening kernel's heads,
     packed (`_pack`) like `_counted_solve`."""
     TRACES[("finish", kwargs["model"].name, kwargs["layout"].describe(),
             kwargs["objective"])] += 1
     head = jax.tree_util.tree_map(lambda x: x[row], heads)
-    return _pack(_tail_impl(head, *args, **kwargs), _solve_key(args[0], args[1]))
+    x = _unflatten(flat, spec)
+    return _pack(_tail_impl(head, x.params, x.temperatures, x.chip, x.workload, x.tables,
+                            x.tgt, x.sharpness, x.moves, x.max_iterations, **kwargs),
+                 _solve_key(x.params, x.temperatures))
 
 
 #: Traces of the compiled kernels by (kernel, model, layout, objective): targets,
 #: temperatures and penalty weights are traced, so a new target must not add one.
 TRACES: collections.Counter = collections.Counter()
 
-_solve = _jit(_counted_solve, ("model", "layout", "objective", "learning_rate"))
-_solve_layouts = _jit(_counted_solve_layouts, ("model", "layouts", "objective",
+_solve = _jit(_counted_solve, ("spec", "model", "layout", "objective", "learning_rate"))
+_solve_layouts = _jit(_counted_solve_layouts, ("spec", "model", "layouts", "objective",
                                                "learning_rate"))
-_screen = _jit(_counted_screen, ("model", "layout", "objective", "learning_rate",
+_screen = _jit(_counted_screen, ("spec", "model", "layout", "objective", "learning_rate",
                                  "head_steps"))
-_screen_layouts = _jit(_counted_screen_layouts, ("model", "layouts", "objective",
+_screen_layouts = _jit(_counted_screen_layouts, ("spec", "model", "layouts", "objective",
                                                  "learning_rate", "head_steps"))
-_finish = _jit(_counted_finish, ("model", "layout", "objective", "learning_rate",
+_finish = _jit(_counted_finish, ("spec", "model", "layout", "objective", "learning_rate",
                                  "head_steps"))
 
 
@@ -1279,7 +1343,12 @@ def _hard_impl(indices, chip, workload, tables, tgt, *, model, layout, objective
     return jax.vmap(one)(indices)
 
 
-_hard = _jit(_hard_impl, ("model", "layout", "objective"))
+def _packed_hard(indices, flat, *, spec, **kwargs):
+    """`_hard_impl` with (chip, workload, tables, tgt) packed into `flat` (`_flatten`)."""
+    return _hard_impl(indices, *_unflatten(flat, spec), **kwargs)
+
+
+_hard = _jit(_packed_hard, ("spec", "model", "layout", "objective"))
 
 
 def _index_choice(tables: _Tables, index) -> Choice:
@@ -1307,8 +1376,10 @@ class _Evaluator:
 
     def __init__(self, model, chip, workload, space, tgt, objective):
         self.model, self.objective = model, objective
-        # Inputs shared by every chunk and layout, on the device once.
-        self.fixed = jax.device_put((chip, workload, _tables(space, chip), tgt))
+        # Inputs shared by every chunk and layout, on the device once, packed as the
+        # search kernels' are (`_packed`).
+        flat, self.spec = _flatten((chip, workload, _tables(space, chip), tgt))
+        self.flat = jax.device_put(flat)
         self.count = 0
         self._lock = threading.Lock()
 
@@ -1319,8 +1390,8 @@ class _Evaluator:
         pad = -n % chunk
         if pad:
             indices = np.concatenate([indices, np.repeat(indices[-1:], pad, axis=0)])
-        pending = [_hard(indices[start:start + chunk], *self.fixed, model=self.model,
-                         layout=layout, objective=self.objective)
+        pending = [_hard(indices[start:start + chunk], self.flat, spec=self.spec,
+                         model=self.model, layout=layout, objective=self.objective)
                    for start in range(0, n + pad, chunk)]
         with self._lock:
             self.count += n
@@ -1578,32 +1649,31 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
                          f"layout runs before the layout screen, or None for the first "
                          f"block; got {screen_steps!r}")
     t0 = time.perf_counter()
-    tables, tables_d, params, moves = _prepared(space, chip, tuple(starts))
     inner = steps // blocks
     screen_steps = inner if screen_steps is None else screen_steps
     t_start, t_end = temperature
-    schedule, temps, lam, mus, scalars = _schedule(blocks, inner, float(t_start), float(t_end),
-                                                   len(starts), float(mu), float(sharpness),
-                                                   int(max_iterations))
+    tables, schedule, params, flat, spec = _packed(
+        space, chip, workload, tgt, tuple(starts),
+        (blocks, inner, float(t_start), float(t_end), len(starts), float(mu),
+         float(sharpness), int(max_iterations)))
     # Unscreened, every branch is one kernel (search, rounding, repair, polish); screened,
     # a screening kernel then, for the kept ones, a finishing one. Each stage's kernels are
     # all dispatched before any result is read. Inputs that do not change between calls
     # (tables, starts, schedule, neighbourhood) are cached on the device: a numpy argument
     # costs jit a copy on every call (about 0.1 ms for the 30 of them, a tenth of a small
     # search).
-    static = dict(model=model, objective=objective, learning_rate=float(learning_rate))
+    static = dict(spec=spec, model=model, objective=objective,
+                  learning_rate=float(learning_rate))
     screen = (keep_layouts is not None and len(space.layouts) > keep_layouts
               and screen_steps < inner * blocks)
     branches, screened = [], []
     if not screen:
         groups = _branch_groups(space.layouts)
-        inputs = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0], moves,
-                  scalars[1])
 
         def run(group):
             if isinstance(group, tuple):
-                return _solve_layouts(*inputs, layouts=group, **static)
-            return _solve(*inputs, layout=group, **static)
+                return _solve_layouts(flat, layouts=group, **static)
+            return _solve(flat, layout=group, **static)
 
         pending = _map_branches(run, groups)
         for group, flat in zip(groups, jax.device_get(pending), strict=True):
@@ -1617,10 +1687,9 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         groups = _screen_groups(space.layouts)
 
         def run_head(group):
-            args = (params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0])
             if isinstance(group, tuple):
-                return _screen_layouts(*args, layouts=group, **static)
-            return _screen(*args, layout=group, **static)
+                return _screen_layouts(flat, layouts=group, **static)
+            return _screen(flat, layout=group, **static)
 
         heads = _map_branches(run_head, groups)
         # (screen row, layout, its kernel's heads, its row there) per layout.
@@ -1636,13 +1705,12 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
 
         def run_tail(entry):
             _, layout, head, row = entry
-            return _finish(head, np.int32(row), params, temps, chip, workload, tables_d, tgt,
-                           scalars[0], moves, scalars[1], layout=layout, **static)
+            return _finish(head, np.int32(row), flat, layout=layout, **static)
 
         pending = _map_branches(run_tail, kept)
         for (_, layout, _, _), row in zip(kept, jax.device_get(pending), strict=True):
             branches.append(dict(layout=layout, row=row))
-    key = _solve_key(params, temps)
+    key = _solve_key(params, schedule.reshape(blocks, inner))
     for b in branches:
         b["lam"], b["trace"], b["final"], b["hardened"] = _unpack(b.pop("row"), key)
     evaluations = int(sum(b["hardened"]["evaluations"] for b in branches))

@@ -244,19 +244,15 @@ def test_split_search_follows_the_whole_one(groups, head_steps):
     blocks run as one scan."""
     model, chip, workload, space = groups["h200-8b"]
     layout, tgt = space.layouts[0], po.targets(max_tpot_ms=8, max_power_w=600)
-    tables, tables_d, params, moves = po._prepared(space, chip, (0.3, 0.7))
-    _, temps, lam, mus, scalars = po._schedule(4, 6, 1.0, 0.05, 2, 10.0,
-                                               float(po.DEFAULT_SHARPNESS), 40)
-    static = dict(model=model, objective="tok_s_per_kw", learning_rate=0.2)
-    key = po._solve_key(params, temps)
-    whole = po._unpack(np.asarray(po._solve(
-        params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0], moves,
-        scalars[1], layout=layout, **static)), key)
-    heads, _ = po._screen(params, lam, mus, temps, chip, workload, tables_d, tgt, scalars[0],
-                          layout=layout, head_steps=head_steps, **static)
+    _, schedule, params, flat, spec = po._packed(
+        space, chip, workload, tgt, (0.3, 0.7),
+        (4, 6, 1.0, 0.05, 2, 10.0, float(po.DEFAULT_SHARPNESS), 40))
+    static = dict(spec=spec, model=model, objective="tok_s_per_kw", learning_rate=0.2)
+    key = po._solve_key(params, schedule.reshape(4, 6))
+    whole = po._unpack(np.asarray(po._solve(flat, layout=layout, **static)), key)
+    heads, _ = po._screen(flat, layout=layout, head_steps=head_steps, **static)
     split = po._unpack(np.asarray(po._finish(
-        heads, np.int32(0), params, temps, chip, workload, tables_d, tgt, scalars[0], moves,
-        scalars[1], layout=layout, head_steps=head_steps, **static)), key)
+        heads, np.int32(0), flat, layout=layout, head_steps=head_steps, **static)), key)
     lam_w, (scores_w, violations_w), final_w, hard_w = whole
     lam_s, (scores_s, violations_s), final_s, hard_s = split
     assert scores_s.shape == scores_w.shape == (2, 24)
