@@ -846,8 +846,9 @@ def _block(loss, optimizer, carry, temps, update=True):
     Adam state, lam, mu, last violation), under the carry's multipliers; with `update`
     (the block's end), then lam <- max(0, lam + mu g) and mu doubles (up to 1e4) while the
     violation does not halve. Returns the carry, the per-step (score, largest violation)
-    and the (lam, mu) the steps used. (Also returning the final loss doubled the cost of
-    every Adam step on XLA:CPU: callers that need it evaluate it once, after the scan.)
+    and, with `update`, the (lam, mu) the steps used and the augmented loss under them at
+    the block's end, which the update evaluates anyway (None without `update`). (Also
+    returning the loss of every step doubled the cost of every Adam step on XLA:CPU.)
 
     Gradients are reverse mode: XLA:CPU pays per operation, not per number, at this size,
     and with the operators stacked a reverse pass has fewer operations than a forward pass
@@ -867,20 +868,20 @@ def _block(loss, optimizer, carry, temps, update=True):
         return (optax.apply_updates(x, updates), st), (score, jnp.max(jnp.maximum(g, 0.0)))
 
     (flat, state), trace = jax.lax.scan(step, (flat, state), temps)
-    used = (lam_, mu_)
-    if update:
-        _, (_, g) = loss(flat, lam_, mu_, temps[-1])
-        violation = jnp.max(jnp.maximum(g, 0.0))
-        mu_ = jnp.where(violation > 0.5 * previous, jnp.minimum(mu_ * 2.0, 1e4), mu_)
-        lam_ = jnp.maximum(lam_ + used[1] * g, 0.0)
-        previous = violation
-    return (flat, state, lam_, mu_, previous), (trace, used)
+    if not update:
+        return (flat, state, lam_, mu_, previous), (trace, None)
+    end_loss, (_, g) = loss(flat, lam_, mu_, temps[-1])
+    used = (lam_, mu_, end_loss)
+    violation = jnp.max(jnp.maximum(g, 0.0))
+    mu_ = jnp.where(violation > 0.5 * previous, jnp.minimum(mu_ * 2.0, 1e4), mu_)
+    lam_ = jnp.maximum(lam_ + used[1] * g, 0.0)
+    return (flat, state, lam_, mu_, violation), (trace, used)
 
 
 def _run_blocks(loss, optimizer, carry, temperatures):
     """Augmented-Lagrangian blocks of one start (`_block`), one per row of `temperatures`
     (blocks, inner), in one scan. Returns the carry, the per-step (score, violation), shaped
-    (blocks, inner, ...), and the (lam, mu) each block used."""
+    (blocks, inner, ...), and the (lam, mu, block-end loss) of each block."""
     return jax.lax.scan(lambda c, t: _block(loss, optimizer, c, t), carry, temperatures)
 
 
@@ -889,7 +890,8 @@ def _run_steps(loss, optimizer, carry, temperatures, first: int, last: int):
     `temperatures` (blocks, inner)) of one start from `carry`: the rest of a block begun
     before `first`, the whole blocks, then the start of the block that `last` ends in,
     without its multiplier update. Returns the carry, the steps' (scores, violations)
-    (flat) and the (lams, mus) of the blocks that ended, with a leading block axis."""
+    (flat) and the (lams, mus, losses) of the blocks that ended (`_block`), with a leading
+    block axis."""
     blocks, inner = temperatures.shape
     flat_t = temperatures.reshape(-1)
     pieces, ended = [], []
@@ -913,20 +915,21 @@ def _run_steps(loss, optimizer, carry, temperatures, first: int, last: int):
     scores = jnp.concatenate([p[0] for p in pieces])
     violations = jnp.concatenate([p[1] for p in pieces])
     lam0, mu0 = carry[2], carry[3]
-    lams = (jnp.concatenate([u[0] for u in ended]) if ended
-            else jnp.zeros((0, *lam0.shape), lam0.dtype))
-    mus = (jnp.concatenate([u[1] for u in ended]) if ended
-           else jnp.zeros((0, *mu0.shape), mu0.dtype))
-    return carry, (scores, violations), (lams, mus)
+    if ended:
+        used = tuple(jnp.concatenate(x) for x in zip(*ended, strict=True))
+    else:
+        used = (jnp.zeros((0, *lam0.shape), lam0.dtype), jnp.zeros((0, *mu0.shape), mu0.dtype),
+                jnp.zeros((0,), mu0.dtype))
+    return carry, (scores, violations), used
 
 
 def _head_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, *,
                model, layout, objective, learning_rate, head_steps):
     """The first `head_steps` Adam steps of the relaxed search of one branch, vmapped over
-    the starts (`params` stacked): (carry, (scores, violations) per step, (lams, mus) per
-    ended block), all with a leading start axis. A head that ends inside a block leaves its
-    multiplier update to `_tail_impl`, so a search split there follows the same path as one
-    run whole."""
+    the starts (`params` stacked): (carry, (scores, violations) per step, (lams, mus,
+    losses) per ended block), all with a leading start axis. A head that ends inside a
+    block leaves its multiplier update to `_tail_impl`, so a search split there follows the
+    same path as one run whole."""
     optimizer = _optimizer(learning_rate)
     loss, _ = _relaxed_loss(params, chip, workload, tables, tgt, sharpness, model=model,
                             layout=layout, objective=objective)
@@ -952,9 +955,9 @@ def _tail_impl(head, params, temperatures, chip, workload, tables, tgt, sharpnes
 
     def one_start(carry, trace, used):
         scores, violations = trace
-        lams, mus = used
+        lams, mus, _ = used
         if temperatures.size > head_steps:          # static: more steps only when needed
-            carry, (more, v_more), (lam_more, mu_more) = _run_steps(
+            carry, (more, v_more), (lam_more, mu_more, _) = _run_steps(
                 loss, optimizer, carry, temperatures, head_steps, temperatures.size)
             scores = jnp.concatenate([scores, more])
             violations = jnp.concatenate([violations, v_more])
@@ -985,13 +988,15 @@ def _screen_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sha
                       learning_rate=learning_rate, head_steps=head_steps)
     loss, unravel = _relaxed_loss(params, chip, workload, tables, tgt, sharpness, model=model,
                                   layout=layout, objective=objective)
-    carry, _, (lams, mus) = head
-    # The multipliers the last head step used: the carry's inside a block, the ended
-    # block's at a block boundary (the carry's are already updated there).
-    inner = temperatures.shape[1]
-    lam_, mu_ = (carry[2], carry[3]) if head_steps % inner else (lams[:, -1], mus[:, -1])
-    losses = jax.vmap(lambda flat, lam_, mu_: loss(
-        flat, lam_, mu_, temperatures.reshape(-1)[head_steps - 1])[0])(carry[0], lam_, mu_)
+    carry, _, (_, _, block_losses) = head
+    if head_steps % temperatures.shape[1]:
+        # Inside a block: the loss under the multipliers the steps used (the carry's).
+        losses = jax.vmap(lambda flat, lam_, mu_: loss(
+            flat, lam_, mu_, temperatures.reshape(-1)[head_steps - 1])[0])(
+                carry[0], carry[2], carry[3])
+    else:
+        # At a block's end the multiplier update has evaluated it already.
+        losses = block_losses[:, -1]
 
     def line(flat):
         index = _round_index(tables, unravel(flat))

@@ -236,12 +236,13 @@ def test_packed_result_round_trip():
     np.testing.assert_array_equal(back["a"], np.arange(3.0))
 
 
-@pytest.mark.parametrize("head_steps", [3, 7])
+@pytest.mark.parametrize("head_steps", [3, 6, 7])
 def test_split_search_follows_the_whole_one(groups, head_steps):
     """A search stopped after `head_steps` Adam steps (the layout screen's head) and
     continued (`_finish`) takes the path of the search run whole: inside a block (3) the
     multiplier update waits for the block's end; past a block boundary (7) the whole
-    blocks run as one scan."""
+    blocks run as one scan. The screen's relaxed losses are those of the head's end under
+    the multipliers its last step used (at a block's end (6), the update's own)."""
     model, chip, workload, space = groups["h200-8b"]
     layout, tgt = space.layouts[0], po.targets(max_tpot_ms=8, max_power_w=600)
     _, schedule, params, flat, spec = po._packed(
@@ -250,7 +251,15 @@ def test_split_search_follows_the_whole_one(groups, head_steps):
     static = dict(spec=spec, model=model, objective="tok_s_per_kw", learning_rate=0.2)
     key = po._solve_key(params, schedule.reshape(4, 6))
     whole = po._unpack(np.asarray(po._solve(flat, layout=layout, **static)), key)
-    heads, _ = po._screen(flat, layout=layout, head_steps=head_steps, **static)
+    heads, rows = po._screen(flat, layout=layout, head_steps=head_steps, **static)
+    carry, _, (lams, mus, _) = jax.tree_util.tree_map(lambda x: x[0], heads)
+    x = po._unflatten(jnp.asarray(flat), spec)
+    loss, _ = po._relaxed_loss(x.params, x.chip, x.workload, x.tables, x.tgt, x.sharpness,
+                               model=model, layout=layout, objective="tok_s_per_kw")
+    lam_, mu_ = (carry[2], carry[3]) if head_steps % 6 else (lams[:, -1], mus[:, -1])
+    expected = [loss(carry[0][i], lam_[i], mu_[i], schedule[head_steps - 1])[0]
+                for i in range(2)]
+    np.testing.assert_allclose(np.asarray(rows)[0, :2], expected, rtol=1e-9)
     split = po._unpack(np.asarray(po._finish(
         heads, np.int32(0), flat, layout=layout, head_steps=head_steps, **static)), key)
     lam_w, (scores_w, violations_w), final_w, hard_w = whole
