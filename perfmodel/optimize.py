@@ -1156,8 +1156,38 @@ def _shadow_prices(sensitivity: dict, active: np.ndarray) -> np.ndarray:
     b = np.asarray(sensitivity["score"])[free]
     lam = np.zeros(active.shape[0])
     if a.size:
-        lam[active] = np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0.0)
+        lam[active] = np.maximum(_least_squares(a, b), 0.0)
     return lam
+
+
+def _least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The minimum-norm least-squares solution of a x = b, as `np.linalg.lstsq(a, b,
+    rcond=None)` gives it (to rounding), in closed form for `a` of at most two rows (the
+    free continuous coordinates): Gram-Schmidt on the rows, the larger first, a = L Q with L
+    lower triangular and Q's rows orthonormal; then x = Q^T z with L z = b, or, when the
+    second row lies in the first's direction (to lstsq's default cutoff), the projection
+    on that direction. LAPACK's call cost about 50 us the first time after a search's
+    kernels ran (measured inside `optimize`), a fortieth of the search."""
+    rows, n = a.shape
+    if rows > 2:
+        return np.linalg.lstsq(a, b, rcond=None)[0]
+    x = np.zeros(n)
+    norms = np.sqrt(np.sum(a * a, axis=1))
+    if rows == 0 or n == 0 or not norms.max() > 0.0:
+        return x
+    if rows == 2 and norms[1] > norms[0]:
+        a, b, norms = a[::-1], b[::-1], norms[::-1]
+    r11 = norms[0]
+    q1 = a[0] / r11
+    if rows == 1:
+        return q1 * (b[0] / r11)
+    r12 = float(q1 @ a[1])
+    rest = a[1] - r12 * q1
+    r22 = math.sqrt(float(rest @ rest))
+    if r22 <= np.finfo(float).eps * max(rows, n) * math.hypot(r11, r12):
+        return q1 * ((r11 * b[0] + r12 * b[1]) / (r11 * r11 + r12 * r12))
+    z1 = b[0] / r11
+    return z1 * q1 + ((b[1] - r12 * z1) / r22) * (rest / r22)
 
 
 def _solve_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, moves,
@@ -1195,17 +1225,19 @@ def _pack(tree, key) -> jnp.ndarray:
     (each costs more than the whole local search on CPU). Its structure is recorded in
     `_SOLVE_OUTPUTS[key]`, at trace time, for `_unpack`; indices and counts are small
     integers, exact in float."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    leaves = [x for _, x in paths]
     ends = np.cumsum([x.size for x in leaves]).tolist()
-    _SOLVE_OUTPUTS[key] = (treedef, [(end - x.size, end, x.shape, None if x.dtype == float
-                                      else x.dtype) for x, end in zip(leaves, ends,
-                                                                      strict=True)])
+    specs = [(end - x.size, end, x.shape, None if x.dtype == float else x.dtype)
+             for x, end in zip(leaves, ends, strict=True)]
+    _SOLVE_OUTPUTS[key] = (treedef, specs, {jax.tree_util.keystr(path): spec for (path, _), spec
+                                            in zip(paths, specs, strict=True)})
     return jnp.concatenate([jnp.ravel(x).astype(float) for x in leaves])
 
 
 def _unpack(flat: np.ndarray, key: tuple):
     """The pytree `_pack` packed into `flat` (host arrays)."""
-    treedef, specs = _SOLVE_OUTPUTS[key]
+    treedef, specs, _ = _SOLVE_OUTPUTS[key]
     if flat.shape != (specs[-1][1],):
         raise AssertionError(f"optimize: a packed result of {flat.shape} values, expected "
                              f"{specs[-1][1]} (a kernel's output structure changed)")
@@ -1213,6 +1245,15 @@ def _unpack(flat: np.ndarray, key: tuple):
               else flat[start:end].reshape(shape).astype(dtype)
               for start, end, shape, dtype in specs]
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _unpack_leaf(flat: np.ndarray, key: tuple, path: str):
+    """One leaf of the pytree `_pack` packed into `flat`, by its `jax.tree_util.keystr`
+    path (`_unpack` of a whole branch costs about 15 us; ranking the branches needs three
+    of its leaves)."""
+    start, end, shape, dtype = _SOLVE_OUTPUTS[key][2][path]
+    leaf = flat[start:end].reshape(shape)
+    return leaf if dtype is None else leaf.astype(dtype)
 
 
 def _stacked_numbers(layouts):
@@ -1405,9 +1446,18 @@ class _Evaluator:
         return score, g, value
 
 
-@functools.lru_cache(maxsize=256)
+_LAYOUT_NAMES: dict = {}
+
+
 def _layout_name(layout) -> str:
-    return layout.describe()
+    """`layout.describe()`, memoized on the layout's identity (hashing a layout to look it
+    up costs as much as describing it)."""
+    hit = _LAYOUT_NAMES.get(id(layout))
+    if hit is None or hit[0] is not layout:
+        if len(_LAYOUT_NAMES) > 256:
+            _LAYOUT_NAMES.clear()
+        hit = _LAYOUT_NAMES[id(layout)] = (layout, layout.describe())
+    return hit[1]
 
 
 def _describe(space: Space, tables: _Tables, layout, index) -> dict:
@@ -1716,13 +1766,15 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         for (_, layout, _, _), row in zip(kept, jax.device_get(pending), strict=True):
             branches.append(dict(layout=layout, row=row))
     key = _solve_key(params, schedule.reshape(blocks, inner))
-    for b in branches:
-        b["lam"], b["trace"], b["final"], b["hardened"] = _unpack(b.pop("row"), key)
-    evaluations = int(sum(b["hardened"]["evaluations"] for b in branches))
+    # Ranked by three leaves of each packed result; only the chosen branch is unpacked.
+    evaluations = int(sum(_unpack_leaf(b["row"], key, "[3]['evaluations']")
+                          for b in branches))
     if screen:      # the screen's concurrency lines
         evaluations += len(space.layouts) * len(starts) * len(space.concurrency)
-    bi = int(np.argmax([b["hardened"]["rank"] for b in branches]))
+    bi = int(np.argmax([_unpack_leaf(b["row"], key, "[3]['rank']") for b in branches]))
     branch = branches[bi]
+    branch["lam"], branch["trace"], branch["final"], branch["hardened"] = _unpack(
+        branch["row"], key)
     found = branch["hardened"]
     layout, si = branch["layout"], int(found["start"])
     index, g, value = found["index"], found["g"], float(found["value"])
@@ -1731,7 +1783,8 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     # Relaxed side of the report: the chosen branch's relaxed design at the final temperature.
     final_loss, relaxed_score, relaxed_g, relaxed_metrics, relaxed_value = branch["final"]
     relaxed = {k: float(v[si]) for k, v in relaxed_metrics.items()}
-    losses = np.array([float(np.min(b["final"][0])) for b in branches])
+    losses = np.array([float(np.min(_unpack_leaf(b["row"], key, "[2][0]")))
+                       for b in branches])
     weights = np.exp(-(losses - losses.min()) / float(t_end))
     weights = weights / weights.sum()
     layout_weights = {_layout_name(b["layout"]): float(w) for b, w in

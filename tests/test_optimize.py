@@ -227,6 +227,22 @@ def test_targets_never_recompile(groups):
 
 
 
+def test_least_squares_matches_lstsq():
+    # The shadow prices' closed-form solver against LAPACK's: full rank, one or two free
+    # coordinates, a second row along the first, and nothing to solve.
+    rng = np.random.default_rng(0)
+    cases = [rng.normal(size=(rows, n)) for rows in (1, 2) for n in (1, 2, 3, 6)]
+    row = rng.normal(size=4)
+    cases += [np.stack([row, -3.0 * row]), np.stack([0.5 * row, row]),
+              np.stack([np.zeros(4), row]), np.zeros((2, 3))]
+    for a in cases:
+        b = rng.normal(size=a.shape[0])
+        np.testing.assert_allclose(po._least_squares(a, b),
+                                   np.linalg.lstsq(a, b, rcond=None)[0],
+                                   rtol=1e-9, atol=1e-12)
+    assert po._least_squares(np.zeros((0, 3)), np.zeros(0)).shape == (3,)
+
+
 def test_packed_result_round_trip():
     # The packed result's layout, read back on the host.
     tree = {"a": jnp.arange(3.0), "b": (jnp.int32(7), jnp.ones((2, 2)))}
@@ -234,6 +250,9 @@ def test_packed_result_round_trip():
     assert back["b"][0].dtype == np.int32 and int(back["b"][0]) == 7
     np.testing.assert_array_equal(back["b"][1], np.ones((2, 2)))
     np.testing.assert_array_equal(back["a"], np.arange(3.0))
+    assert po._unpack_leaf(np.asarray(po._pack(tree, "test")), "test", "['b'][0]") == 7
+    np.testing.assert_array_equal(
+        po._unpack_leaf(np.asarray(po._pack(tree, "test")), "test", "['a']"), np.arange(3.0))
 
 
 @pytest.mark.parametrize("head_steps", [3, 6, 7])
