@@ -49,6 +49,7 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 import threading
 import time
 from typing import NamedTuple
@@ -1151,43 +1152,51 @@ def _shadow_prices(sensitivity: dict, active: np.ndarray) -> np.ndarray:
     coordinates, clipped at 0: the first-order (KKT) condition, solved as the
     least-squares multiplier estimate of SQP methods (Nocedal & Wright, Numerical
     Optimization, 2nd ed., chapters 12 and 18). Inactive constraints get 0."""
-    free = ~np.asarray(sensitivity["held"], dtype=bool)
-    a = np.asarray(sensitivity["g"])[:, free][active].T
-    b = np.asarray(sensitivity["score"])[free]
-    lam = np.zeros(active.shape[0])
-    if a.size:
-        lam[active] = np.maximum(_least_squares(a, b), 0.0)
-    return lam
+    # In Python floats: the arrays are a few numbers, and right after the kernels ran,
+    # each numpy call on them cost several microseconds (about 50 us in all, measured
+    # inside `optimize`, against 10 us in a warm loop).
+    g = np.asarray(sensitivity["g"]).tolist()
+    score = np.asarray(sensitivity["score"]).tolist()
+    free = [j for j, held in enumerate(np.asarray(sensitivity["held"]).tolist()) if not held]
+    cols = [i for i, on in enumerate(np.asarray(active).tolist()) if on]
+    lam = [0.0] * len(g)
+    if free and cols:
+        x = _least_squares([[g[i][j] for i in cols] for j in free], [score[j] for j in free])
+        for i, value in zip(cols, x, strict=True):
+            lam[i] = max(value, 0.0)
+    return np.array(lam)
 
 
-def _least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _least_squares(a, b) -> list[float]:
     """The minimum-norm least-squares solution of a x = b, as `np.linalg.lstsq(a, b,
     rcond=None)` gives it (to rounding), in closed form for `a` of at most two rows (the
     free continuous coordinates): Gram-Schmidt on the rows, the larger first, a = L Q with L
     lower triangular and Q's rows orthonormal; then x = Q^T z with L z = b, or, when the
-    second row lies in the first's direction (to lstsq's default cutoff), the projection
-    on that direction. LAPACK's call cost about 50 us the first time after a search's
-    kernels ran (measured inside `optimize`), a fortieth of the search."""
-    rows, n = a.shape
-    if rows > 2:
-        return np.linalg.lstsq(a, b, rcond=None)[0]
-    x = np.zeros(n)
-    norms = np.sqrt(np.sum(a * a, axis=1))
-    if rows == 0 or n == 0 or not norms.max() > 0.0:
-        return x
-    if rows == 2 and norms[1] > norms[0]:
-        a, b, norms = a[::-1], b[::-1], norms[::-1]
+    second row lies along the first (to lstsq's default cutoff), the projection on that
+    direction."""
+    rows = [[float(v) for v in row] for row in a]
+    b = [float(v) for v in b]
+    n = len(rows[0]) if rows else 0
+    if len(rows) > 2:
+        return np.linalg.lstsq(np.array(rows), np.array(b), rcond=None)[0].tolist()
+    norms = [math.sqrt(sum(v * v for v in row)) for row in rows]
+    if n == 0 or not max(norms, default=0.0) > 0.0:
+        return [0.0] * n
+    if len(rows) == 2 and norms[1] > norms[0]:
+        rows, b, norms = rows[::-1], b[::-1], norms[::-1]
     r11 = norms[0]
-    q1 = a[0] / r11
-    if rows == 1:
-        return q1 * (b[0] / r11)
-    r12 = float(q1 @ a[1])
-    rest = a[1] - r12 * q1
-    r22 = math.sqrt(float(rest @ rest))
-    if r22 <= np.finfo(float).eps * max(rows, n) * math.hypot(r11, r12):
-        return q1 * ((r11 * b[0] + r12 * b[1]) / (r11 * r11 + r12 * r12))
+    q1 = [v / r11 for v in rows[0]]
+    if len(rows) == 1:
+        return [v * (b[0] / r11) for v in q1]
+    r12 = sum(p * q for p, q in zip(q1, rows[1], strict=True))
+    rest = [v - r12 * q for v, q in zip(rows[1], q1, strict=True)]
+    r22 = math.sqrt(sum(v * v for v in rest))
+    if r22 <= sys.float_info.epsilon * max(2, n) * math.hypot(r11, r12):
+        t = (r11 * b[0] + r12 * b[1]) / (r11 * r11 + r12 * r12)
+        return [v * t for v in q1]
     z1 = b[0] / r11
-    return z1 * q1 + ((b[1] - r12 * z1) / r22) * (rest / r22)
+    z2 = (b[1] - r12 * z1) / r22
+    return [z1 * p + z2 * v / r22 for p, v in zip(q1, rest, strict=True)]
 
 
 def _solve_impl(params, lam, mu, temperatures, chip, workload, tables, tgt, sharpness, moves,
@@ -1213,7 +1222,7 @@ def _solve_key(params, temperatures) -> tuple:
     (`params`' leading axis) and the schedule's shape (`temperatures`). Not the model,
     layout or objective, which change no shape: a key holding the `Model` cost about
     12 us to build and look up (hashing it), per branch and call."""
-    return jax.tree_util.tree_leaves(params)[0].shape[0], tuple(temperatures.shape)
+    return params.concurrency_logit.shape[0], tuple(temperatures.shape)
 
 
 #: Structure of a branch's packed result by `_solve_key`, recorded when it is traced.
@@ -1778,7 +1787,7 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     found = branch["hardened"]
     layout, si = branch["layout"], int(found["start"])
     index, g, value = found["index"], found["g"], float(found["value"])
-    feasible = bool(np.all(g <= _FEASIBLE_TOL))
+    feasible = all(x <= _FEASIBLE_TOL for x in g.tolist())
 
     # Relaxed side of the report: the chosen branch's relaxed design at the final temperature.
     final_loss, relaxed_score, relaxed_g, relaxed_metrics, relaxed_value = branch["final"]
