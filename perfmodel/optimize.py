@@ -631,7 +631,8 @@ class _Inputs(NamedTuple):
     """What a search kernel reads: the stacked starts, their multipliers and penalty
     weights, the annealed temperatures (blocks, inner), the specs, the grid's tables, the
     targets, the smooth-max p, the local search's neighbourhood (`_moves`) and its cap on
-    moves."""
+    moves; in the order of `_solve_impl`'s arguments (the first nine are `_screen_impl`'s
+    and `_head_impl`'s)."""
 
     params: Relaxed
     lam: jnp.ndarray
@@ -1292,8 +1293,8 @@ def _counted_solve_layouts(flat, *, spec, layouts, **kwargs):
 
 
 def _screen_inputs(x: _Inputs) -> tuple:
-    return x.params, x.lam, x.mu, x.temperatures, x.chip, x.workload, x.tables, x.tgt, \
-        x.sharpness
+    """The arguments of `_screen_impl` among `x`: all but the local search's."""
+    return x[:9]
 
 
 def _counted_screen(flat, *, spec, **kwargs):
