@@ -647,23 +647,14 @@ class _Inputs(NamedTuple):
     max_iterations: jnp.ndarray
 
 
+@dataclasses.dataclass(frozen=True)
 class _Spec:
     """Static structure of a packed `_Inputs` vector (`_packed`): the pytree and each
-    leaf's shape and dtype, hashed once (`jax.jit` hashes its static arguments on every
-    call)."""
+    leaf's shape and dtype (a kernel's static argument; `_jit` hashes it once per object,
+    as it does the `Model`)."""
 
-    __slots__ = ("treedef", "leaves", "_hash")
-
-    def __init__(self, treedef, leaves: tuple):
-        self.treedef, self.leaves = treedef, leaves
-        self._hash = hash((treedef, leaves))
-
-    def __hash__(self):
-        return self._hash
-
-    def __eq__(self, other):
-        return type(other) is _Spec and (other is self or (
-            other.leaves == self.leaves and other.treedef == self.treedef))
+    treedef: object
+    leaves: tuple
 
 
 def _flatten(tree) -> tuple[np.ndarray, _Spec]:
