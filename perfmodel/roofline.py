@@ -257,8 +257,12 @@ def _communication(model: Model, chip: Chip, design: Design, layout: Layout | La
         time = add_if(dispatch, time,
                       lambda: n_moe * 2.0 * coll("all_to_all", per_chip(), ep))
         sent = add_if(dispatch, sent, lambda: n_moe * 2.0 * per_chip() * (ep - 1) / ep)
-        time = add_if(logical_and(dispatch, moe_tp > 1), time,
+        # Each expert's tp/ep shards reduce their partial outputs of the chip's tokens.
+        sharded = logical_and(dispatch, moe_tp > 1)
+        time = add_if(sharded, time,
                       lambda: n_moe * coll("all_reduce", message / tp, moe_tp))
+        sent = add_if(sharded, sent,
+                      lambda: n_moe * 2.0 * (moe_tp - 1) / moe_tp * message / tp)
         gathered = logical_and(dpa, logical_not(ep > 1))
         time = add_if(gathered, time, lambda: n_moe * coll("all_reduce", message, tp))
         sent = add_if(gathered, sent, lambda: n_moe * frac * message)

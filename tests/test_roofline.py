@@ -125,6 +125,31 @@ def test_prefill_is_compute_bound_and_decode_memory_bound():
             assert float(op.flops / peak) > 2 * float(op.hbm_bytes / bandwidth), op.name
 
 
+@pytest.mark.parametrize("tp, ep", [(8, 4), (8, 8), (8, 1), (4, 2)])
+def test_link_bytes_count_every_collective(tp, ep):
+    """DP attention on DeepSeek-R1: the bytes a chip sends in a step are the ring volumes
+    of every collective its time counts (all-reduce 2 (n - 1) / n M, all-to-all (n - 1) / n
+    of what it scatters): the dense layers' all-reduce over tp, each MoE layer's dispatch
+    and combine over ep, and, with tp / ep > 1, the expert shards' all-reduce of the chip's
+    tokens (missing from the bytes until it was counted here); without expert parallelism,
+    an all-reduce over tp per MoE layer."""
+    chip, model = pm.get_chip("gb200"), pm.get_model("deepseek-r1")
+    layout = pm.Layout(tp=tp, ep=ep, dp_attention=True)
+    design = pm.Design(concurrency=64.0, layout=layout,
+                       precision=pm.precision(chip, model, "nvfp4", kv="fp8"))
+    seqs = 64.0
+    cost = pm.step_cost(model, chip, design, layout, seqs, 4096.0)
+    message = seqs * model.hidden * float(design.precision.activation_bytes)
+    k, moe_tp = model.experts_per_token, tp // ep
+    want = model.num_dense_layers * 2 * (tp - 1) / tp * message
+    if ep > 1:
+        want += model.num_moe_layers * 2 * message / tp * k * (ep - 1) / ep
+        want += model.num_moe_layers * 2 * (moe_tp - 1) / moe_tp * message / tp
+    else:
+        want += model.num_moe_layers * 2 * (tp - 1) / tp * message
+    np.testing.assert_allclose(float(cost.link_bytes), want, rtol=1e-12)
+
+
 def _vectorize_cases():
     """(model, chip, workload, design): dense and MoE, MLA, speculative decoding, slices
     placed by software, disaggregated pools, and a batch of concurrencies as an array."""
