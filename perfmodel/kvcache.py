@@ -72,6 +72,28 @@ def kv_fraction_per_chip(model: Model, layout: Layout | LayoutNumbers):
     return share / layout.pp
 
 
+def kv_transfer_fraction(model: Model, prefill: Layout, decode: Layout) -> float:
+    """Share of a request's KV cache that the busiest chip sends or receives when the
+    request moves from a prefill instance to a decode instance (disaggregated serving).
+
+    A prefill chip sends its stage's share (pipeline stages split the layers); under
+    tensor-parallel attention all tp chips of a stage send, splitting the KV heads, or
+    sharing out what they hold replicated (MLA's latent, GQA heads past K); under DP
+    attention the request sits on one chip. A decode chip receives its own share
+    (`kv_fraction_per_chip`: all of MLA's latent under TP).
+
+    Example:
+        >>> from perfmodel import get_model
+        >>> r1 = get_model("deepseek-r1")
+        >>> kv_transfer_fraction(r1, Layout(tp=8), Layout(tp=8, ep=8, dp_attention=True))
+        1.0
+        >>> kv_transfer_fraction(get_model("llama-3.1-8b"), Layout(tp=4, pp=2), Layout(tp=8))
+        0.125
+    """
+    send = 1.0 / (prefill.pp * (1 if prefill.dp_attention else prefill.tp))
+    return max(send, kv_fraction_per_chip(model, decode))
+
+
 def weight_bytes_per_chip(model: Model, layout: Layout | LayoutNumbers, precision: Precision,
                           mapping: SliceMapping | None = None, num_slices=1.0):
     """Weight bytes resident on one chip (a replicated class is held by every slice).

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from .architecture import Model
 from .design import Design, Disaggregated, Layout, LayoutNumbers
 from .hardware import Chip
-from .kvcache import kv_bytes_per_request, max_batch, weight_bytes_per_chip
+from .kvcache import kv_bytes_per_request, kv_transfer_fraction, max_batch, weight_bytes_per_chip
 from .power import apply_power_cap, dynamic_energy
 from .roofline import step_cost
 from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
@@ -245,7 +245,7 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     prefill_capacity = pre.replicas * _in_flight(pre, rt) * chunk / I / batch.time
     kv = kv_bytes_per_request(model, I, design.precision.kv_bytes)
     tier_up = pre.chips + dec.chips <= chip.domain_size
-    shard = kv / pre.tp
+    shard = kv * kv_transfer_fraction(model, pre, dec)
     if tier_up:
         transfer = chip.scale_up.time("p2p", shard, 2)
     else:

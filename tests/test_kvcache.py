@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import perfmodel as pm
-from perfmodel.kvcache import kv_fraction_per_chip, weight_bytes_per_chip
+from perfmodel.kvcache import kv_fraction_per_chip, kv_transfer_fraction, weight_bytes_per_chip
 
 
 def test_gqa_llama_3_70b():
@@ -134,3 +134,26 @@ def test_weights_per_chip_sum_to_the_model(name):
     layout = pm.Layout(tp=8, ep=8 if model.is_moe else 1, pp=2)
     total = float(weight_bytes_per_chip(model, layout, prec)) * layout.chips_per_instance
     np.testing.assert_allclose(total, model.total_params * 2.0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("model_name, prefill, decode, share", [
+    # GQA (K = 8): tp8 sends an eighth per chip; tp2 decode receives half.
+    ("llama-3.1-8b", pm.Layout(tp=8), pm.Layout(tp=8), 1 / 8),
+    ("llama-3.1-8b", pm.Layout(tp=8), pm.Layout(tp=2), 1 / 2),
+    # Pipeline stages split the layers on both sides.
+    ("llama-3.1-8b", pm.Layout(tp=4, pp=2), pm.Layout(tp=4, pp=2), 1 / 8),
+    ("llama-3.1-8b", pm.Layout(tp=1, pp=4), pm.Layout(tp=8), 1 / 4),
+    # MLA: DP attention keeps the request on one chip; under TP every decode chip needs the
+    # whole latent, while the tp prefill chips split the sending.
+    ("deepseek-r1", pm.Layout(tp=8, ep=8, dp_attention=True),
+     pm.Layout(tp=8, ep=8, dp_attention=True), 1.0),
+    ("deepseek-r1", pm.Layout(tp=8), pm.Layout(tp=8), 1.0),
+    ("deepseek-r1", pm.Layout(tp=8, ep=8, dp_attention=True, pp=2),
+     pm.Layout(tp=8, ep=8, dp_attention=True, pp=4), 1 / 2),
+])
+def test_kv_transfer_is_the_busiest_chips_share(model_name, prefill, decode, share):
+    """Disaggregated serving moves a request's KV cache at the pace of the chip that sends
+    or receives most of it (it used to be the cache over the prefill tp, whatever the
+    pipeline stages, DP attention or MLA)."""
+    model = pm.get_model(model_name)
+    assert kv_transfer_fraction(model, prefill, decode) == pytest.approx(share, rel=1e-12)
