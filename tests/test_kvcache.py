@@ -89,7 +89,7 @@ def test_kv_capped_for_sliding_layers(name, context, more):
 
 
 def test_max_batch_by_hand():
-    """Llama-3.1-8B in BF16 on one H200: (0.9 x 141 GB - weights - 4 GB reserve) over
+    """Llama-3.1-8B in BF16 on one H200: (0.9 x 141 GiB - weights - 4 GB reserve) over
     128 KiB x context per sequence; TP2 halves both weights and KV per chip."""
     model, chip = pm.get_model("llama-3.1-8b"), pm.get_chip("h200")
     prec = pm.precision(chip, model, "bf16", kv="bf16")
@@ -100,7 +100,7 @@ def test_max_batch_by_hand():
         weights = model.total_params * 2 / tp
         np.testing.assert_allclose(float(weight_bytes_per_chip(model, layout, prec)), weights,
                                    rtol=1e-12)
-        want = (0.9 * 141e9 - weights - 4e9) / (per_seq / tp)
+        want = (0.9 * 141 * 2**30 - weights - 4e9) / (per_seq / tp)
         got = float(pm.max_batch(model, layout, prec, chip.hbm_capacity, context))
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
