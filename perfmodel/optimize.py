@@ -735,11 +735,26 @@ def _augmented_loss(score, g, lam, mu):
 # Compiled kernels (one per static structure; compiled once, cached by jax.jit)
 # ----------------------------------------------------------------------------------------
 
+# XLA:CPU's fusion emitters triple the compile time of this scalar-heavy graph without
+# speeding it up (measured with jaxlib 0.10: 7.5 s -> 3.9 s for one layout's gradient, same
+# run time). Newer XLA (jaxlib 0.11) has dropped the flag and rejects it.
+_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
 @functools.cache
 def _compiler_options():
-    # XLA:CPU's fusion emitters triple the compile time of this scalar-heavy graph without
-    # speeding it up (measured: 7.5 s -> 3.9 s for one layout's gradient, same run time).
-    return {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else None
+    """`_CPU_COMPILER_OPTIONS` on the CPU backend where this XLA knows them (probed once
+    by compiling a one-operation function), else None."""
+    if jax.default_backend() != "cpu":
+        return None
+    try:
+        jax.jit(lambda x: x + 1.0, compiler_options=_CPU_COMPILER_OPTIONS).lower(
+            np.float32(0.0)).compile()
+    except jax.errors.JaxRuntimeError as error:
+        if "compile option" not in str(error):
+            raise
+        return None
+    return _CPU_COMPILER_OPTIONS
 
 
 class _Static:

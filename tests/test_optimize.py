@@ -227,6 +227,21 @@ def test_targets_never_recompile(groups):
 
 
 
+def test_compiler_options_fit_this_xla(monkeypatch):
+    # The kernels compile with options this XLA accepts: jaxlib 0.11 dropped the CPU flag
+    # that 0.10 takes, and passing it anyway failed every search on the CPU.
+    options = po._compiler_options()
+    if options is not None:
+        jax.jit(lambda x: 2.0 * x, compiler_options=options).lower(1.0).compile()
+    # An XLA without the flag gets none rather than an error.
+    po._compiler_options.cache_clear()
+    monkeypatch.setattr(po, "_CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_flag_here": False})
+    try:
+        assert po._compiler_options() is None
+    finally:
+        po._compiler_options.cache_clear()
+
+
 def test_least_squares_matches_lstsq():
     # The shadow prices' closed-form solver against LAPACK's: full rank, one or two free
     # coordinates, a second row along the first, and nothing to solve.
