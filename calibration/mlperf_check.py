@@ -40,7 +40,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from perfmodel import params as shipped  # noqa: E402
+from perfmodel import fitted as shipped  # noqa: E402
 from perfmodel.design import Design, Layout, precision  # noqa: E402
 from perfmodel.kvcache import weight_bytes_per_chip  # noqa: E402
 from perfmodel.presets import chip_key, get_chip, get_model, model_key  # noqa: E402

@@ -27,7 +27,7 @@ import fit as fitting
 import numpy as np
 
 from perfmodel import calibrate as cal
-from perfmodel import params as shipped
+from perfmodel import fitted as shipped
 from perfmodel.presets import chip_key
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -151,7 +151,7 @@ def main(argv=None):
     clock["compile_s"] = round(time.time() - start, 1)
     print(f"compiled {len(problem.e2e.functions)} groups in {clock['compile_s']} s", flush=True)
     t = time.time()
-    data = shipped.load_fitted() if args.no_refit else fitting.shipped_fit(
+    data = shipped.read(shipped.LATENCY_FILE) if args.no_refit else fitting.shipped_fit(
         problem, fitted, held, gemm, nccl, max_steps=args.max_steps, pooling=pooling)
     clock["fit_s"] = round(time.time() - t, 1)
     print(f"fit: {data['result']} after {data['steps']} steps ({clock['fit_s']} s)", flush=True)

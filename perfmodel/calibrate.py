@@ -996,9 +996,9 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
         when the layout does not fit in HBM).
     """
     if params is None:
-        from . import params as shipped
-        params = from_json(shipped.load_fitted())
-        measured = shipped.load_fitted().get("measured_chips", measured)
+        from . import fitted as shipped
+        params = from_json(shipped.read(shipped.LATENCY_FILE))
+        measured = shipped.read(shipped.LATENCY_FILE).get("measured_chips", measured)
     groups, errors = build_groups(rows)
     out: list[dict | None] = [None] * len(rows)
     position = {row.index: k for k, row in enumerate(rows)}

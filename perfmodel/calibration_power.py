@@ -36,12 +36,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
-import json
 import math
 import os
 import re
-from importlib import resources
 
 import equinox as eqx
 import jax
@@ -49,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from . import fitted as fitted_params
 from .architecture import Model
 from .design import Design, Layout, Runtime, precision
 from .formats import COMPUTE_CLASSES
@@ -74,96 +72,6 @@ VLLM_STEP_OVERHEAD = 1.0e-3
 #: Energy-coefficient order used by the fit: four FLOP classes, HBM byte, link byte.
 COEFFICIENTS = (*(f"flop_{c}" for c in COMPUTE_CLASSES), "hbm_byte", "link_byte",
                 "active_power")
-
-POWER_FILE = "fitted_power.json"
-
-
-# ---------------------------------------------------------------------------------------
-# Applying a fit to a chip.
-
-
-@functools.cache
-def load_fitted_power() -> dict:
-    """The fitted power file (`perfmodel/data/fitted_power.json`) as a dict ({} if absent)."""
-    path = resources.files("perfmodel").joinpath("data", POWER_FILE)
-    if not path.is_file():
-        return {}
-    return json.loads(path.read_text())
-
-
-def generic_energy(chip: Chip, fractions: dict) -> tuple[dict, float]:
-    """Energy coefficients of a chip from TDP fractions (see the module docstring).
-
-    Returns:
-        ({"per_flop": [4] J/FLOP, "per_hbm_byte": J/byte, "per_link_byte": J/byte,
-        "active_power": W}, idle_fraction). Fractions written before the active-power term
-        existed (no "active" key) give 0 W.
-    """
-    tdp = float(chip.tdp)
-    peaks = np.asarray(chip.peak_flops, dtype=float)
-    energy = {"per_flop": [fractions["flop"][i] * tdp / peaks[i]
-                           for i in range(len(COMPUTE_CLASSES))],
-              "per_hbm_byte": fractions["hbm"] * tdp / float(chip.hbm_bandwidth),
-              "per_link_byte": fractions["link"] * tdp / float(chip.scale_up.bandwidth),
-              "active_power": fractions.get("active", 0.0) * tdp}
-    return energy, fractions["idle"]
-
-
-def power_params(chip: Chip, fitted: dict | None = None, holdout: str | None = None) -> dict:
-    """The energy entry for a chip: its family's fitted entry, else the generic rule.
-
-    Args:
-        chip: the chip.
-        fitted: a fitted-power dict (default: the shipped file).
-        holdout: a family whose own entry is ignored (leave-one-chip-out evaluation).
-
-    Returns:
-        {"energy": {"per_flop": [4], "per_hbm_byte": x, "per_link_byte": x},
-        "idle_fraction": x}, or {} when there is no fit.
-    """
-    fitted = load_fitted_power() if fitted is None else fitted
-    if not fitted:
-        return {}
-    families = fitted.get("families", {})
-    if chip.family in families and chip.family != holdout:
-        return families[chip.family]
-    generic = fitted.get("generic")
-    if not generic:
-        return {}
-    energy, idle = generic_energy(chip, generic)
-    return {"energy": energy, "idle_fraction": idle}
-
-
-def apply_power(chip: Chip, fitted: dict | None = None, holdout: str | None = None) -> Chip:
-    """The chip with fitted energy coefficients and idle power (unchanged without a fit).
-
-    Example:
-        >>> chip = apply_power(get_chip("h100", calibrated=False), fitted={})
-        >>> float(chip.idle_power)
-        105.0
-    """
-    params = power_params(chip, fitted, holdout)
-    if not params:
-        return chip
-    energy = params["energy"]
-    chip = eqx.tree_at(lambda c: (c.energy.per_flop, c.energy.per_hbm_byte,
-                                  c.energy.per_link_byte, c.energy.active_power), chip,
-                       (jnp.asarray(energy["per_flop"], dtype=float),
-                        jnp.asarray(energy["per_hbm_byte"], dtype=float),
-                        jnp.asarray(energy["per_link_byte"], dtype=float),
-                        jnp.asarray(energy.get("active_power", 0.0), dtype=float)))
-    return eqx.tree_at(lambda c: c.idle_power, chip,
-                       chip.tdp * jnp.asarray(params["idle_fraction"], dtype=float))
-
-
-def calibrated_chip(name: str) -> Chip:
-    """A preset with the latency fit (`perfmodel.params`) and the power fit applied.
-
-    `perfmodel.params.apply_fitted` applies the power fit itself once it merges
-    `fitted_power.json`; applying it again here then changes nothing.
-    """
-    return apply_power(get_chip(name))
-
 
 # ---------------------------------------------------------------------------------------
 # Rows of the measurement file -> model inputs.
@@ -292,21 +200,17 @@ def row_spec(row: dict, index: int = 0) -> tuple[RowSpec | None, str]:
 
 def _runtime(spec: RowSpec, fitted: dict, max_running, zero_overhead: bool = False,
              family: str = "") -> Runtime:
-    entry = fitted.get("runtimes", {}).get(spec.framework, {})
-    kw = dict(max_running=max_running, framework=spec.framework)
+    # The measured harness's engine terms, resolved like any framework's
+    # (`perfmodel.fitted.POWER_FRAMEWORKS`); "other" keeps the priors.
+    name = f"mlenergy-{spec.framework}"
+    entry = (fitted_params.runtime_terms(name, family, power=fitted)
+             if name in fitted_params.POWER_FRAMEWORKS else {})
+    ones = jnp.ones_like(max_running)
+    kw = {k: v * ones for k, v in entry.items()}
     if zero_overhead:
-        kw.update(step_overhead=jnp.zeros_like(max_running),
-                  seq_overhead=jnp.zeros_like(max_running))
-    elif entry:
-        kw.update(step_overhead=entry["step_overhead"] * jnp.ones_like(max_running),
-                  seq_overhead=entry["seq_overhead"] * jnp.ones_like(max_running))
-    for name in ("expert_efficiency", "pipeline_overlap"):
-        if name in entry:
-            kw[name] = entry[name] * jnp.ones_like(max_running)
-    # Per chip family; a family the fit did not see runs the latency fit's kernels (1).
-    kernel = entry.get("kernel_efficiency", {}).get(family, 1.0)
-    kw["kernel_efficiency"] = kernel * jnp.ones_like(max_running)
-    return Runtime(**kw)
+        kw.update(step_overhead=0.0 * ones, seq_overhead=0.0 * ones)
+    kw.setdefault("kernel_efficiency", ones)
+    return Runtime(max_running=max_running, framework=spec.framework, **kw)
 
 
 def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool = False,
@@ -651,8 +555,8 @@ def to_fitted(params: PowerParams, chips: dict[str, Chip], holdout: str | None =
                "hbm": float(frac[1] * np.exp(d[1])), "link": float(frac[2] * np.exp(d[2])),
                "active": float(frac[3] * np.exp(d[3])),
                "idle": float(jax.nn.sigmoid(params.logit_idle + d[4]))}
-        energy, idle_f = generic_energy(chips[family], fam)
-        families[family] = {"energy": energy, "idle_fraction": idle_f, "tdp_fractions": fam,
+        energy = fitted_params.generic_energy(chips[family], fam)
+        families[family] = {"energy": energy, "idle_fraction": fam["idle"], "tdp_fractions": fam,
                             "reference_chip": chips[family].name}
     over = np.exp(np.asarray(params.log_overheads))
     engine = np.asarray(jax.nn.sigmoid(params.logit_engine))
@@ -767,7 +671,7 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
         >>> out["pred_status"], 100 < out["pred_avg_power_w_per_gpu"] <= 700
         ('ok', True)
     """
-    fitted = load_fitted_power() if fitted is None else fitted
+    fitted = fitted_params.read(fitted_params.POWER_FILE) if fitted is None else fitted
     specs, skipped = specs_of(rows)
     out = [dict(row) for row in rows]
     for i, why in skipped:
@@ -779,7 +683,7 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
         groups.setdefault(spec.group, []).append(spec)
     for members in groups.values():
         first = members[0]
-        chip = apply_power(get_chip(first.chip_name), fitted)
+        chip = fitted_params.apply(get_chip(first.chip_name, calibrated=False), power=fitted)
         design, workload = _inputs(members, chip, fitted)
         m = predict_jit(first.model, chip, workload, design, hard=True, check=False)
         for j, spec in enumerate(members):

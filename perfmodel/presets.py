@@ -170,8 +170,8 @@ def _build_chip(key: str) -> Chip:
 
 
 def get_chip(name: str, calibrated: bool = True, **overrides) -> Chip:
-    """A chip preset by name, with the fitted efficiency and energy parameters of its family
-    when `calibrated` and a fit exists (see `perfmodel.params`).
+    """A chip preset by name, with the fitted latency and power terms of its family when
+    `calibrated` and a fit exists (`perfmodel.fitted.apply`, the rule every command uses).
 
     Args:
         name: preset key or any known label ("GB200", "b200-trt", "H100 80GB HBM3").
@@ -200,8 +200,8 @@ def get_chip(name: str, calibrated: bool = True, **overrides) -> Chip:
     else:
         chip = _build_chip(key)
     if calibrated:
-        from . import params
-        chip = params.apply_fitted(chip)
+        from . import fitted
+        chip = fitted.apply(chip)
     return chip
 
 

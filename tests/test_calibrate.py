@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from perfmodel import calibrate as cal
-from perfmodel import datasets, params
+from perfmodel import datasets, fitted
 from perfmodel.presets import get_chip
 
 HEADER = ("model,hardware,framework,precision,spec_decoding,disagg,isl,osl,conc,tp,ep,"
@@ -205,32 +205,8 @@ def test_huber_weights_and_loss():
 
 # --- shipped parameter files ----------------------------------------------------------------
 
-def test_params_merge_power_file_and_fallbacks(monkeypatch):
-    fitted = {"families": {"blackwell": {"efficiency": {"compute_max": 0.6},
-                                         "scale_up": {"efficiency": 0.7}}},
-              "family_fallback": {"rubin": "blackwell"},
-              "frameworks": {"vllm": {"step_overhead": 2e-3}},
-              "framework_fallback": {"dynamo-vllm": "vllm"}}
-    power = {"families": {"rubin": {"idle_fraction": 0.2},
-                          "blackwell": {"energy": {"per_hbm_byte": 5e-11}}}}
-    monkeypatch.setattr(params, "load_fitted", lambda: fitted)
-    monkeypatch.setattr(params, "load_power", lambda: power)
-    rubin = params.family_params("rubin")
-    assert rubin["efficiency"]["compute_max"] == 0.6   # fallback to blackwell
-    assert rubin["idle_fraction"] == 0.2               # its own power fit
-    assert "energy" not in rubin
-    assert params.family_params("blackwell")["energy"]["per_hbm_byte"] == 5e-11
-    chip = params.apply_fitted(get_chip("b200", calibrated=False))
-    assert float(chip.efficiency.compute_max) == pytest.approx(0.6)
-    assert float(chip.scale_up.efficiency) == pytest.approx(0.7)
-    assert float(chip.energy.per_hbm_byte) == pytest.approx(5e-11)
-    assert float(params.runtime_for("dynamo-vllm").step_overhead) == pytest.approx(2e-3)
-    assert float(params.runtime_for("Dynamo-VLLM-0.9").step_overhead) == pytest.approx(2e-3)
-    assert params.family_basis("rubin") == "blackwell"
-
-
 def test_shipped_fit_is_physical():
-    data = params.load_fitted()
+    data = fitted.read(fitted.LATENCY_FILE)
     assert data, "perfmodel/data/fitted_params.json is missing or empty"
     assert data["version"] == 2
     for key in ("date", "fitted_on", "seed", "result", "inferencemax_rows_fitted"):

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from perfmodel import compare as cmp
 from perfmodel.cli import main
 from perfmodel.presets import get_chip
+from perfmodel.studies import jalapeno as cmp
 from perfmodel.workload import Workload
 
 

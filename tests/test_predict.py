@@ -66,8 +66,8 @@ def test_basis_says_how_unmeasured_chips_are_predicted(result):
 
 
 def cal_params():
-    from perfmodel import params
-    return params.load_fitted()
+    from perfmodel import fitted
+    return fitted.read(fitted.LATENCY_FILE)
 
 
 def test_input_columns_kept(result, small):

@@ -18,6 +18,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 from perfmodel import calibration_power as cp  # noqa: E402
+from perfmodel import fitted as fitted_params  # noqa: E402
 from perfmodel.presets import get_chip  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -50,7 +51,7 @@ def host_bounds(rows, fitted):
     for row in rows:
         if not row["source_family"].startswith("MLPerf") or not row["system_wall_power_w"]:
             continue
-        chip = cp.apply_power(get_chip(row["hardware"]), fitted)
+        chip = fitted_params.apply(get_chip(row["hardware"], calibrated=False), power=fitted)
         n = int(float(row["num_gpus"]))
         wall = float(row["system_wall_power_w"])
         cap = float(row["gpu_power_limit_w"] or chip.tdp)
@@ -107,8 +108,7 @@ def main(argv=None):
                                                          holdout=family))}
     report["host_overhead_mlperf"] = host_bounds(rows, fitted)
     report["fitted"] = fitted
-    (ROOT / "perfmodel" / "data" / "fitted_power.json").write_text(
-        json.dumps(fitted, indent=1) + "\n")
+    fitted_params.write(fitted, ROOT / "perfmodel" / "data" / fitted_params.POWER_FILE)
     (HERE / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (HERE / "report.md").write_text(markdown(report))
     print(markdown(report))

@@ -59,7 +59,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..compare import PAIRS, compare
+    from ..studies.jalapeno import PAIRS, compare
 
     check_lengths(args.isl, args.osl)
     models = _names(args.model) if args.model else [p[0] for p in PAIRS]

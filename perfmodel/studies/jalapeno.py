@@ -39,15 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .calibration_power import calibrated_chip
-from .design import Design, Layout
-from .hardware import Chip
-from .kvcache import max_batch
-from .presets import get_model
-from .serving import predict
-from .smooth import smooth_min
-from .sweep import DEFAULT_GRID, Sweep, auto_chips, default_runtime, sweep
-from .workload import Workload
+from ..design import Design, Layout
+from ..hardware import Chip
+from ..kvcache import max_batch
+from ..presets import get_chip, get_model
+from ..serving import predict
+from ..smooth import smooth_min
+from ..sweep import DEFAULT_GRID, Sweep, auto_chips, default_runtime, sweep
+from ..workload import Workload
 
 #: The reported pairs (shared/data/jalapeno_claims.csv J01-J06): model, baseline, and the
 #: claim ids of tokens/s per kW at peak throughput and of the E2E latency ratio.
@@ -336,12 +335,12 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         raise ValueError(f"{len(baselines)} baselines for {len(models)} models: give one, or "
                          "one per model")
     workload = Workload(float(isl), float(osl))
-    target = calibrated_chip(chip)
+    target = get_chip(chip)
     models = [get_model(m).name for m in models]
     base_points = {}
     predicted = {}
     for m, b in zip(models, baselines, strict=True):
-        base_points[m] = chip_points(m, calibrated_chip(b), workload, chips, grid)
+        base_points[m] = chip_points(m, get_chip(b), workload, chips, grid)
         predicted[m] = chip_points(m, target, workload, chips, grid)
     out = []
 

@@ -1,0 +1,2 @@
+"""Studies built on the model: each answers one published question with the public API
+(`jalapeno`: OpenAI's Jalapeno against GB200 and GB300, as reported)."""

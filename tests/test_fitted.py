@@ -1,0 +1,99 @@
+"""The one home of fitted parameters: resolution along the fallback chain, the power rule
+for unmeasured chips, framework terms, and one chip model whatever command asks."""
+
+import json
+
+import pytest
+
+from perfmodel import fitted
+from perfmodel.presets import get_chip
+
+LATENCY = {"families": {"blackwell": {"efficiency": {"compute_max": 0.6},
+                                      "scale_up": {"efficiency": 0.7}}},
+           "family_fallback": {"rubin": "blackwell"},
+           "frameworks": {"vllm": {"step_overhead": 2e-3}, "trt": {"step_overhead": 1e-3}},
+           "framework_fallback": {"dynamo-vllm": "vllm"}}
+POWER = {"families": {"blackwell": {"energy": {"per_flop": [4e-13, 2e-13, 2e-13, 1e-13],
+                                               "per_hbm_byte": 5e-11, "per_link_byte": 3e-11,
+                                               "active_power": 300.0},
+                                    "idle_fraction": 0.2}},
+         "generic": {"flop": [1.0] * 4, "hbm": 0.4, "link": 0.03, "active": 0.3,
+                     "idle": 0.18},
+         "runtimes": {"vllm": {"step_overhead": 1e-3, "seq_overhead": 2e-5,
+                               "expert_efficiency": 0.7, "pipeline_overlap": 0.9,
+                               "kernel_efficiency": {"hopper": 0.9, "blackwell": 0.5}}}}
+
+
+def test_latency_terms_follow_the_fallback_chain():
+    rubin = fitted.resolve_family("rubin", latency=LATENCY, power=POWER)
+    assert rubin.latency_basis == "blackwell"
+    assert rubin.efficiency["compute_max"] == 0.6
+    # Energy does not follow the latency chain: unmeasured families take the generic rule.
+    assert rubin.power_basis == "generic" and rubin.energy == {}
+    assert rubin.idle_fraction == pytest.approx(0.18)
+    assert fitted.resolve_family("cdna3", latency=LATENCY, power={}).latency_basis == ""
+
+
+def test_apply_measured_family_and_holdout():
+    chip = fitted.apply(get_chip("b200", calibrated=False), latency=LATENCY, power=POWER)
+    assert float(chip.efficiency.compute_max) == pytest.approx(0.6)
+    assert float(chip.scale_up.efficiency) == pytest.approx(0.7)
+    assert float(chip.energy.per_hbm_byte) == pytest.approx(5e-11)
+    assert float(chip.idle_power) == pytest.approx(0.2 * float(chip.tdp))
+    held = fitted.apply(get_chip("b200", calibrated=False), latency=LATENCY, power=POWER,
+                        holdout="blackwell")
+    assert float(held.idle_power) == pytest.approx(0.18 * float(chip.tdp))
+    assert float(held.energy.per_hbm_byte) == pytest.approx(
+        0.4 * float(chip.tdp) / float(chip.hbm_bandwidth))
+
+
+def test_generic_rule_scales_with_the_chip_datasheet():
+    chip = fitted.apply(get_chip("jalapeno", calibrated=False), latency=LATENCY, power=POWER)
+    tdp = float(chip.tdp)
+    assert float(chip.idle_power) == pytest.approx(0.18 * tdp)
+    for i in range(4):
+        assert float(chip.energy.per_flop[i]) == pytest.approx(
+            tdp / float(chip.peak_flops[i]))
+    assert float(chip.energy.active_power) == pytest.approx(0.3 * tdp)
+
+
+def test_shipped_files_give_unmeasured_chips_the_generic_rule():
+    """Jalapeno has no power measurement: its energy per FLOP follows its own TDP and
+    peaks, not Blackwell's measured joules (the two differ by about 2x)."""
+    power = fitted.read(fitted.POWER_FILE)
+    chip = get_chip("jalapeno")
+    generic = power["generic"]
+    assert float(chip.idle_power) == pytest.approx(generic["idle"] * float(chip.tdp))
+    assert float(chip.energy.per_flop[3]) == pytest.approx(
+        generic["flop"][3] * float(chip.tdp) / float(chip.peak_flops[3]))
+    assert fitted.resolve_family("jalapeno").latency_basis == "blackwell"
+    b200 = get_chip("b200")
+    assert float(b200.energy.per_hbm_byte) == pytest.approx(
+        power["families"]["blackwell"]["energy"]["per_hbm_byte"])
+
+
+def test_framework_terms():
+    assert fitted.framework_key("Dynamo-VLLM-0.9", latency=LATENCY) == "vllm"
+    assert fitted.framework_key("dynamo-trt", latency=LATENCY) == "trt"
+    assert fitted.framework_key("nonesuch", latency=LATENCY) == ""
+    assert fitted.runtime_terms("dynamo-vllm", latency=LATENCY) == {"step_overhead": 2e-3}
+    engine = fitted.runtime_terms("mlenergy-vllm", "blackwell", latency=LATENCY, power=POWER)
+    assert engine["kernel_efficiency"] == 0.5 and engine["seq_overhead"] == 2e-5
+    assert fitted.runtime_terms("mlenergy-vllm", "cdna3", power=POWER)[
+        "kernel_efficiency"] == 1.0
+    runtime = fitted.runtime_for("mlenergy-vllm", "hopper", max_running=64.0)
+    assert float(runtime.max_running) == 64.0 and 0 < float(runtime.kernel_efficiency) <= 1
+    with pytest.raises(ValueError, match="unknown Runtime field.*step_overhead"):
+        fitted.runtime_for("vllm", step_overheads=1.0)
+
+
+def test_write_read_round_trip(tmp_path):
+    import numpy as np
+    path = tmp_path / "fit.json"
+    fitted.write({"a": np.float64(1.5), "b": np.arange(3.0), "c": {"d": (1, 2)}}, path)
+    assert json.loads(path.read_text()) == {"a": 1.5, "b": [0.0, 1.0, 2.0], "c": {"d": [1, 2]}}
+
+
+def test_follow_stops_on_cycles():
+    assert fitted.follow("a", {"z"}, {"a": "b", "b": "a"}) == ""
+    assert fitted.follow("", {"z"}, {}) == ""
