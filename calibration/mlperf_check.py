@@ -73,8 +73,8 @@ def load_rows(path=DATA / "benchmarks_mlperf.csv"):
                 continue
             reason = ""
             try:
-                model = model_key(row["model"])
-                chip = chip_key(row["accelerator"])
+                model = model_key(row["model"], label=True)
+                chip = chip_key(row["accelerator"], label=True)
             except ValueError:
                 reason = "model or accelerator not a preset"
             if not reason and SKIP.search(row["accelerator"]):

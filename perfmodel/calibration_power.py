@@ -116,7 +116,7 @@ def resolve_model(name: str) -> Model | None:
         ('gpt-oss-120b', None)
     """
     try:
-        return find_model(name)
+        return find_model(name, label=True)
     except ValueError:
         return None
 
@@ -169,7 +169,7 @@ def row_spec(row: dict, index: int = 0) -> tuple[RowSpec | None, str]:
     if model is None:
         return None, f"unknown model {row.get('model')!r} (no preset, no shipped HF config)"
     try:
-        chip = get_chip(row.get("hardware", ""), calibrated=False)
+        chip = get_chip(row.get("hardware", ""), calibrated=False, label=True)
     except ValueError:
         return None, f"unknown hardware {row.get('hardware')!r}"
     num_gpus = int(_float(row, "num_gpus") or 1)

@@ -8,8 +8,8 @@ published Hugging Face configurations (with `source`).
 
 from __future__ import annotations
 
-import contextlib
 import csv
+import difflib
 import functools
 import json
 import re
@@ -38,9 +38,13 @@ _MODELS = {
                       ("bf16", "bf16")),
     "llama-3.1-405b": ("Llama-3.1-405B", ("meta-llama/meta-llama-3.1-405b", "llama3.1-405b",
                                           "meta-llama-3.1-405b"), ("bf16", "bf16")),
-    "qwen3-235b-a22b": ("Qwen3-235B-A22B", ("qwen/qwen3-235b-a22b",), ("bf16", "bf16")),
+    # The 2507 instruct and thinking releases keep the base architecture (their HF configs).
+    "qwen3-235b-a22b": ("Qwen3-235B-A22B", ("qwen/qwen3-235b-a22b",
+                                            "qwen3-235b-a22b-thinking-2507"),
+                        ("bf16", "bf16")),
     "qwen3-32b": ("Qwen3-32B", ("qwen/qwen3-32b",), ("bf16", "bf16")),
-    "qwen3-30b-a3b": ("Qwen3-30B-A3B", ("qwen/qwen3-30b-a3b",), ("bf16", "bf16")),
+    "qwen3-30b-a3b": ("Qwen3-30B-A3B", ("qwen/qwen3-30b-a3b", "qwen3-30b-a3b-thinking-2507"),
+                      ("bf16", "bf16")),
     "mixtral-8x7b": ("Mixtral-8x7B", ("mistralai/mixtral-8x7b-v0.1", "mixtral-8x7b-instruct"),
                      ("bf16", "bf16")),
     "mixtral-8x22b": ("Mixtral-8x22B", ("mistralai/mixtral-8x22b-v0.1",
@@ -82,36 +86,87 @@ def model_names() -> tuple[str, ...]:
     return tuple(_MODELS)
 
 
-def _resolve(name: str, keys, aliases: dict[str, str], kind: str, valid) -> str:
+#: Qualifier tokens a preset name may carry after a separator ("-", "_", " ") without naming
+#: another chip or model: form factor, memory size, host CPU, partition mode, serving stack,
+#: precision, release date or version, instruction tuning, MLPerf accuracy target
+#: ("b200-sxm-180gb", "gb200-186gb_aarch64", "qwen3-32b-fp8", "mixtral-8x7b-instruct-v0.1",
+#: "llama2-70b-99.9"). Anything else after a preset's name ("rubin-cpx", "kimi-k2-thinking",
+#: "deepseek-r1-distill-llama-8b") is another product, so it is an error, never a match.
+_QUALIFIER = re.compile(
+    r"(sxm\d?|nvl\d*|pcie|hgx|dgx|oam|hbm\d?e?|\d+g(b)?(x\d+)?|\d+w|aarch64|x86|"
+    r"nps\d|spx|cts|maxq|maxp|trt|trtllm|tensorrt|tensorrt-llm|sglang|vllm|dynamo|disagg|"
+    r"mtp|bf16|fp16|fp8|fp4|nvfp4|mxfp4|int4|int8|w4a16|w8a8|awq|gptq|dynamic|"
+    r"instruct|chat|it|hf|base|v\d+(\.\d+)*|\d+(\.\d+)?)")
+_SEPARATORS = re.compile(r"[-_ ]+")
+
+
+def _qualified(key: str, name: str) -> bool:
+    """Whether `name` is `key` followed only by separators and qualifier tokens."""
+    if not name.startswith(key):
+        return False
+    rest = name[len(key):]
+    if not rest:
+        return True
+    if not _SEPARATORS.match(rest):
+        return False
+    return all(_QUALIFIER.fullmatch(t) for t in _SEPARATORS.split(rest) if t)
+
+
+def _exact(key: str, keys, aliases: dict[str, str]) -> str:
+    for name in (key, key.split("/")[-1]):
+        if name in keys:
+            return name
+        if name in aliases:
+            return aliases[name]
+    # The longest name that, with qualifiers only, makes up the given one.
+    for name in (key, key.split("/")[-1]):
+        for cand in sorted([*keys, *aliases], key=len, reverse=True):
+            if _qualified(cand, name):
+                return aliases.get(cand, cand)
+    return ""
+
+
+def _resolve(name: str, keys, aliases: dict[str, str], kind: str, valid,
+             label: bool = False) -> str:
+    if not isinstance(name, str):
+        raise ValueError(f"{kind} name must be a string, got {type(name).__name__} {name!r}")
     key = _norm(name)
-    if key in keys:
-        return key
-    if key in aliases:
-        return aliases[key]
-    short = key.split("/")[-1]
-    if short in keys:
-        return short
-    if short in aliases:
-        return aliases[short]
-    # Longest known name that starts the given one ("deepseek-r1-0528-fp4-v2").
-    candidates = sorted(list(keys) + list(aliases), key=len, reverse=True)
-    for cand in candidates:
-        if short.startswith(cand) or key.startswith(cand):
-            return aliases.get(cand, cand)
-    # A known key inside a longer label ("nvidia b200-sxm-180gb (lenovo ...)").
-    for cand in sorted(keys, key=len, reverse=True):
-        if re.search(rf"(^|[^a-z0-9]){re.escape(cand)}($|[^a-z0-9])", key):
-            return cand
-    raise ValueError(f"unknown {kind} {name!r}; valid {kind}s: {', '.join(valid)}")
+    found = _exact(key, keys, aliases)
+    if not found and label:
+        # A measurement file's system description ("Dell PowerEdge XE9680 (8x
+        # H100-SXM-80GB, TensorRT)"): the first word, or "_"/"."-separated part of one, that
+        # is itself an exact name; counts such as "8x" are dropped.
+        for word in re.split(r"[\s,;()\[\]/]+", key):
+            word = re.sub(r"^(\d+x)+", "", word)
+            for part in (word, *re.split(r"[_.]", word)):
+                found = part and _exact(part, keys, aliases)
+                if found:
+                    break
+            if found:
+                break
+    if found:
+        return found
+    close = difflib.get_close_matches(key, [*keys, *aliases], n=3, cutoff=0.6)
+    hint = (f"; did you mean {' or '.join(dict.fromkeys(aliases.get(c, c) for c in close))}?"
+            if close else "")
+    raise ValueError(f"unknown {kind} {name!r}{hint} Valid {kind}s: {', '.join(valid)}")
 
 
-def chip_key(name: str) -> str:
-    """Canonical preset key of a chip name (case-insensitive; InferenceMAX, MLPerf and
-    ML.ENERGY labels accepted).
+def chip_key(name: str, label: bool = False) -> str:
+    """Canonical preset key of a chip name: a key or alias (case-insensitive), optionally
+    with qualifiers (`_QUALIFIER`: "b200-sxm-180gb", "h200_sxm"). With `label`, also a
+    measurement file's system description that names one ("Dell PowerEdge XE9680 (8x
+    H100-SXM-80GB, TensorRT)").
+
+    Raises:
+        ValueError: no such chip, with the closest names ("did you mean gb200?").
 
     Example:
-        >>> chip_key("B200-TRT"), chip_key("NVIDIA H200-SXM-141GB (8x, MaxQ)")
+        >>> chip_key("B200-TRT"), chip_key("NVIDIA H200-SXM-141GB (8x, MaxQ)", label=True)
         ('b200', 'h200')
+        >>> chip_key("gb2000")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: unknown chip 'gb2000'; did you mean gb200 or b200? Valid chips: ...
     """
     rows = _chip_rows()
     aliases = {}
@@ -119,12 +174,16 @@ def chip_key(name: str) -> str:
         for alias in filter(None, row["aliases"].split("|")):
             aliases[_norm(alias)] = key
         aliases[_norm(row["name"])] = key
-    return _resolve(name, rows.keys(), aliases, "chip", chip_names())
+    return _resolve(name, rows.keys(), aliases, "chip", chip_names(), label)
 
 
-def model_key(name: str) -> str:
-    """Canonical preset key of a model name (case-insensitive; Hugging Face ids and
-    InferenceMAX names accepted).
+def model_key(name: str, label: bool = False) -> str:
+    """Canonical preset key of a model name: a key or alias (case-insensitive), a Hugging
+    Face id of one, optionally with qualifiers ("Qwen/Qwen3-32B-FP8"); with `label`, also a
+    longer description that names one.
+
+    Raises:
+        ValueError: no such model, with the closest names.
 
     Example:
         >>> model_key("DeepSeek-R1-0528"), model_key("openai/gpt-oss-120b")
@@ -135,7 +194,7 @@ def model_key(name: str) -> str:
         aliases[_norm(row)] = key
         for alias in names:
             aliases[_norm(alias)] = key
-    return _resolve(name, _MODELS.keys(), aliases, "model", model_names())
+    return _resolve(name, _MODELS.keys(), aliases, "model", model_names(), label)
 
 
 def _num(row, key):
@@ -169,13 +228,14 @@ def _build_chip(key: str) -> Chip:
     return from_datasheet(key, **_datasheet_kwargs(key))
 
 
-def get_chip(name: str, calibrated: bool = True, **overrides) -> Chip:
+def get_chip(name: str, calibrated: bool = True, label: bool = False, **overrides) -> Chip:
     """A chip preset by name, with the fitted latency and power terms of its family when
     `calibrated` and a fit exists (`perfmodel.fitted.apply`, the rule every command uses).
 
     Args:
         name: preset key or any known label ("GB200", "b200-trt", "H100 80GB HBM3").
         calibrated: apply the family's fitted parameters.
+        label: also accept a measurement file's system description (`chip_key`).
         **overrides: datasheet-unit arguments of `hardware.from_datasheet` replacing the
             preset's (e.g. ``hbm_gb=216, num_slices=4`` for a Jalapeno variant).
 
@@ -189,7 +249,7 @@ def get_chip(name: str, calibrated: bool = True, **overrides) -> Chip:
         >>> round(float(get_chip("jalapeno", hbm_gb=216).hbm_capacity) / 1e9)
         216
     """
-    key = chip_key(name)
+    key = chip_key(name, label)
     if overrides:
         kwargs = _datasheet_kwargs(key)
         unknown = sorted(set(overrides) - set(kwargs))
@@ -256,7 +316,7 @@ def _build_model(key: str) -> Model:
     return Model(**kwargs)
 
 
-def get_model(name: str) -> Model:
+def get_model(name: str, label: bool = False) -> Model:
     """A model preset by name (case-insensitive; HF ids and InferenceMAX names accepted).
 
     Raises:
@@ -267,7 +327,7 @@ def get_model(name: str) -> Model:
         >>> m.attention, round(m.total_params / 1e9)
         ('mla', 671)
     """
-    return _build_model(model_key(name))
+    return _build_model(model_key(name, label))
 
 
 @functools.cache
@@ -279,7 +339,7 @@ def _hf_config_files() -> dict[str, str]:
 
 
 @functools.cache
-def find_model(name: str) -> Model:
+def find_model(name: str, label: bool = False) -> Model:
     """A model preset by name, else the Hugging Face config the package ships in
     `perfmodel/data/hf_configs/` (file named after the Hugging Face id with "/" as "__";
     case-insensitive; a trailing parenthetical such as "(GPT-J 6B, ...)" is ignored).
@@ -292,14 +352,18 @@ def find_model(name: str) -> Model:
         ('gpt-oss-120b', 'bigcode/starcoder2-15b')
     """
     base = re.sub(r"\s*\(.*\)$", "", name.strip())
-    with contextlib.suppress(ValueError):     # not a preset: try a shipped config
-        return get_model(base)
+    try:
+        return get_model(base, label)
+    except ValueError as error:    # not a preset: try a shipped config
+        preset_error = str(error)
     files = _hf_config_files()
     key = base.replace("/", "__").lower()
     if key not in files:
-        raise ValueError(f"unknown model {name!r}: no preset and no shipped Hugging Face "
-                         f"config (add its config.json, with a _source key, to "
-                         f"perfmodel/data/hf_configs/ as {base.replace('/', '__')}.json)")
+        hint = re.search(r"; did you mean [^?]*\?", preset_error)
+        raise ValueError(f"unknown model {name!r}{hint.group(0) if hint else ''} No preset "
+                         f"and no shipped Hugging Face config (add its config.json, with a "
+                         f"_source key, to perfmodel/data/hf_configs/ as "
+                         f"{base.replace('/', '__')}.json)")
     from .architecture import from_hf_config
     config = json.loads(resources.files("perfmodel").joinpath(
         "data", "hf_configs", files[key]).read_text())

@@ -64,10 +64,10 @@ def check_lengths(isl: int, osl: int) -> None:
 def resolve(args):
     """(model, chip, precision name) from parsed arguments; ValueError on unknown names."""
     from ..formats import resolve_format
-    from ..presets import get_chip, get_model
+    from ..presets import find_model, get_chip
     from ..sweep import default_precision
 
-    model, chip = get_model(args.model), get_chip(args.chip)
+    model, chip = find_model(args.model), get_chip(args.chip)
     check_lengths(args.isl, args.osl)
     fmt = args.precision
     if fmt is None:

@@ -104,11 +104,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _result(args):
     from ..optimize import design_space, exhaustive, optimize, targets
-    from ..presets import get_chip, get_model
+    from ..presets import find_model, get_chip
     from ..workload import Workload
     from . import check_lengths
 
-    model, chip = get_model(args.model), get_chip(args.chip)
+    model, chip = find_model(args.model), get_chip(args.chip)
     check_lengths(args.isl, args.osl)
     if args.objective == "usd_per_mtok" and not args.usd_per_chip_hour:
         raise ValueError("--objective usd_per_mtok needs --usd-per-chip-hour (> 0)")
