@@ -31,6 +31,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import optimistix as optx
 
 from .architecture import Model
 from .design import Design, Disaggregated, Layout, LayoutNumbers
@@ -88,6 +89,10 @@ class Metrics(eqx.Module):
     utilisation (disaggregated)."""
     throttle: jnp.ndarray
     """Step-time stretch from the power cap (1 when it does not bind)."""
+    steady: jnp.ndarray
+    """True when the operating point is a steady state: always in closed loop; under an
+    open-loop `request_rate`, whether the fixed point c = rate x E2E(c) was found (False:
+    arrivals exceed what the design serves, and the queue grows)."""
 
     def as_dict(self) -> dict:
         """The `perfmodel pareto` keys (floats for scalars)."""
@@ -406,10 +411,10 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         if isinstance(design.layout, LayoutNumbers):
             design = eqx.tree_at(lambda d: d.layout, design,
                                  _check_layout_numbers(model, design.layout))
-    concurrency = design.concurrency
+    concurrency, steady = design.concurrency, jnp.asarray(True)
     if workload.request_rate is not None:
-        concurrency = _open_loop_concurrency(model, chip, workload, design, sharpness, hard,
-                                             vectorize)
+        concurrency, steady = _open_loop_concurrency(model, chip, workload, design, sharpness,
+                                                     hard, vectorize)
     run = _disaggregated if design.disaggregated else _aggregated
     out = run(model, chip, workload, design, design.layout, concurrency, sharpness, hard,
               vectorize)
@@ -428,27 +433,49 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         j_per_output_token=power * chips / (rps * O), running_batch=out["running"],
         max_batch=out["fit"], memory_excess=out["excess"], memory_penalty=out["penalty"],
         fits=(out["excess"] <= 0) & (out["fit"] >= 1.0), decode_step=out["step"],
-        prefill_fraction=out["prefill"], throttle=out["throttle"])
+        prefill_fraction=out["prefill"], throttle=out["throttle"],
+        steady=jnp.broadcast_to(steady, jnp.shape(out["e2e"])))
 
 
-def _open_loop_concurrency(model, chip, workload, design, sharpness, hard, vectorize,
-                           iterations=30):
-    """In-flight requests under Poisson arrivals: the fixed point c = rate * E2E(c), damped.
+#: Open-loop operating point: relative and absolute tolerance of the fixed point
+#: (requests), the most damped iterations tried, and the queue reported when there is no
+#: steady state: this many seconds of arrivals in flight (s).
+OPEN_LOOP_RTOL, OPEN_LOOP_ATOL, OPEN_LOOP_MAX_STEPS = 1e-7, 1e-9, 512
+SATURATED_QUEUE_S = 1e4
 
-    Past saturation there is no fixed point; the iteration then grows c, and the result shows
-    the queue (E2E rising with each iteration) rather than a silent steady state.
+
+def _open_loop_concurrency(model, chip, workload, design, sharpness, hard, vectorize):
+    """In-flight requests under Poisson arrivals: the fixed point c = rate * E2E(c)
+    (Little's law), by damped iteration (`optimistix.fixed_point`, with its convergence
+    test; gradients by the implicit function theorem at the fixed point).
+
+    Past saturation there is no such fixed point (E2E grows faster than c): the iterate is
+    held at `SATURATED_QUEUE_S` seconds of arrivals, a queue that says the design does not
+    keep up, and `steady` is False.
+
+    Returns:
+        (concurrency, steady), elementwise.
     """
     rate = workload.request_rate
     run = _disaggregated if design.disaggregated else _aggregated
     closed = eqx.tree_at(lambda w: w.request_rate, workload, None,
                          is_leaf=lambda x: x is None)
+    queue = rate * SATURATED_QUEUE_S
 
-    def body(_, c):
-        out = run(model, chip, closed, design, design.layout, c, sharpness, hard, vectorize)
-        return 0.5 * c + 0.5 * rate * out["e2e"]
+    def little(c):
+        return rate * run(model, chip, closed, design, design.layout, c, sharpness, hard,
+                          vectorize)["e2e"]
+
+    def damped(c, _):
+        return jnp.minimum(0.5 * c + 0.5 * little(c), queue)
 
     start = jnp.maximum(rate * 1e-3, 1e-3) * jnp.ones_like(design.concurrency)
-    return jax.lax.fori_loop(0, iterations, body, start)
+    solver = optx.FixedPointIteration(rtol=OPEN_LOOP_RTOL, atol=OPEN_LOOP_ATOL)
+    c = optx.fixed_point(damped, solver, start, max_steps=OPEN_LOOP_MAX_STEPS,
+                         throw=False).value
+    # Judged per element (a vector of designs is solved at once): Little's law holds.
+    steady = jnp.abs(little(c) / c - 1.0) < 1e-4
+    return c, steady
 
 
 predict_jit = eqx.filter_jit(predict)

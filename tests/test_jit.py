@@ -142,3 +142,29 @@ def test_predict_broadcasts_over_a_sweep():
         np.testing.assert_allclose(float(both.throughput_per_chip[i]),
                                    float(one.throughput_per_chip), rtol=RTOL)
     assert jnp.shape(both.ttft) == (2,)
+
+
+def test_open_loop_flags_saturation_and_differentiates():
+    """Below capacity the open-loop point is a steady state (Little's law holds, `steady`);
+    past it there is no fixed point: `steady` is False and the queue is held at
+    `SATURATED_QUEUE_S` of arrivals instead of a silent, unconverged number. The gradient
+    through the fixed point matches a float64 central difference."""
+    from perfmodel.serving import SATURATED_QUEUE_S
+    model, chip, _, design = case("dense")
+    rates = arr([1.0, 5.0, 1e4])
+    workload = pm.Workload(arr(2048.0), arr(256.0), request_rate=rates)
+    many = eqx.tree_at(lambda d: d.concurrency, design, jnp.ones(3))
+    m = pm.predict(model, chip, workload, many)
+    np.testing.assert_array_equal(np.asarray(m.steady), [True, True, False])
+    np.testing.assert_allclose(np.asarray(m.concurrency)[:2],
+                               np.asarray(rates[:2] * m.e2e[:2]), rtol=1e-5)
+    assert float(m.concurrency[2]) == pytest.approx(1e4 * SATURATED_QUEUE_S)
+    assert bool(pm.predict(model, chip, pm.Workload(arr(2048.0), arr(256.0)), design).steady)
+
+    def e2e(rate):
+        return pm.predict(model, chip, pm.Workload(arr(2048.0), arr(256.0),
+                                                   request_rate=rate), design).e2e
+
+    h = 1e-4
+    numeric = (float(e2e(arr(5.0 + h))) - float(e2e(arr(5.0 - h)))) / (2 * h)
+    np.testing.assert_allclose(float(jax.grad(e2e)(arr(5.0))), numeric, rtol=1e-4)

@@ -51,7 +51,8 @@ def host_bounds(rows, fitted):
     for row in rows:
         if not row["source_family"].startswith("MLPerf") or not row["system_wall_power_w"]:
             continue
-        chip = fitted_params.apply(get_chip(row["hardware"], calibrated=False, label=True), power=fitted)
+        chip = fitted_params.apply(get_chip(row["hardware"], calibrated=False, label=True),
+                                   power=fitted)
         n = int(float(row["num_gpus"]))
         wall = float(row["system_wall_power_w"])
         cap = float(row["gpu_power_limit_w"] or chip.tdp)
