@@ -148,8 +148,8 @@ def _resolve(name: str, keys, aliases: dict[str, str], kind: str, valid,
         return found
     close = difflib.get_close_matches(key, [*keys, *aliases], n=3, cutoff=0.6)
     hint = (f"; did you mean {' or '.join(dict.fromkeys(aliases.get(c, c) for c in close))}?"
-            if close else "")
-    raise ValueError(f"unknown {kind} {name!r}{hint} Valid {kind}s: {', '.join(valid)}")
+            if close else ";")
+    raise ValueError(f"unknown {kind} {name!r}{hint} valid {kind}s: {', '.join(valid)}")
 
 
 def chip_key(name: str, label: bool = False) -> str:
@@ -166,7 +166,7 @@ def chip_key(name: str, label: bool = False) -> str:
         ('b200', 'h200')
         >>> chip_key("gb2000")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        ValueError: unknown chip 'gb2000'; did you mean gb200 or b200? Valid chips: ...
+        ValueError: unknown chip 'gb2000'; did you mean gb200 or b200? valid chips: ...
     """
     rows = _chip_rows()
     aliases = {}

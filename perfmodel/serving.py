@@ -115,6 +115,28 @@ class Metrics(eqx.Module):
             "max_batch": self.max_batch, "fits": self.fits}
 
 
+class _Phase(eqx.Module):
+    """What one serving arrangement (aggregated or disaggregated) predicts, before the
+    per-chip normalisation of `predict`: the fields are `Metrics`' (same units)."""
+
+    requests_per_s: jnp.ndarray
+    """Completed requests per second over the deployment (1/s)."""
+    ttft: jnp.ndarray
+    tpot: jnp.ndarray
+    e2e: jnp.ndarray
+    p99_ttft: jnp.ndarray
+    p99_tpot: jnp.ndarray
+    power: jnp.ndarray
+    """Average power per chip (W)."""
+    running: jnp.ndarray
+    fit: jnp.ndarray
+    excess: jnp.ndarray
+    penalty: jnp.ndarray
+    step: jnp.ndarray
+    prefill: jnp.ndarray
+    throttle: jnp.ndarray
+
+
 class _Pool(eqx.Module):
     time: jnp.ndarray
     power: jnp.ndarray
@@ -215,10 +237,10 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     burst_wait = rank * running * I / rt.max_batched_tokens * burst.time
     p99_ttft = smooth_max(ttft - own_prefill + p99_own, burst_wait + p99_own,
                           sharpness=sharpness, hard=hard)
-    return dict(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,
-                p99_ttft=p99_ttft, p99_tpot=p99_tpot, power=power, running=running,
-                fit=fit, excess=excess, penalty=penalty, step=step, prefill=frequency,
-                throttle=plain.throttle + frequency * (mixed.throttle - plain.throttle))
+    return _Phase(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,
+                  p99_ttft=p99_ttft, p99_tpot=p99_tpot, power=power, running=running,
+                  fit=fit, excess=excess, penalty=penalty, step=step, prefill=frequency,
+                  throttle=plain.throttle + frequency * (mixed.throttle - plain.throttle))
 
 
 def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurrency,
@@ -267,10 +289,10 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     pre_power = chip.idle_power + utilization * batch.dynamic_energy / batch.time
     power = (pre.chips * pre_power + dec.chips * plain.power) / layout.chips
     p99_ttft = ttft + (workload.input_len - I) / I * single.time
-    return dict(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,
-                p99_ttft=p99_ttft, p99_tpot=tpot, power=power, running=running, fit=fit,
-                excess=excess, penalty=penalty + pre_penalty, step=plain.time,
-                prefill=utilization, throttle=plain.throttle)
+    return _Phase(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,
+                  p99_ttft=p99_ttft, p99_tpot=tpot, power=power, running=running, fit=fit,
+                  excess=excess, penalty=penalty + pre_penalty, step=plain.time,
+                  prefill=utilization, throttle=plain.throttle)
 
 
 def _validate(model: Model, chip: Chip, workload: Workload, design: Design):
@@ -301,32 +323,37 @@ def _validate(model: Model, chip: Chip, workload: Workload, design: Design):
                              "layers")
 
 
-def _check_values(workload: Workload, design: Design, chip: Chip):
-    checks = [(workload.input_len, "workload.input_len must be > 0 tokens"),
-              (workload.output_len, "workload.output_len must be > 1 token"),
-              (design.concurrency, "design.concurrency must be > 0"),
-              (chip.hbm_bandwidth, "chip.hbm_bandwidth must be > 0"),
-              (chip.peak_flops, "chip.peak_flops must be > 0")]
-    minimum = {0: 0.0, 1: 1.0}
-    out = []
-    for i, (value, message) in enumerate(checks):
-        low = minimum.get(i, 0.0)
-        out.append(eqx.error_if(value, ~(value > low) | ~jnp.isfinite(value), message))
-    ratios = (workload.input_range_ratio, workload.output_range_ratio)
-    for r in ratios:
-        out.append(eqx.error_if(r, ~((r > 0) & (r <= 1)),
-                                "workload range ratios must lie in (0, 1]"))
-    rt = design.runtime
-    out.append(eqx.error_if(rt.expert_efficiency,
-                            ~((rt.expert_efficiency > 0) & (rt.expert_efficiency <= 1)),
-                            "design.runtime.expert_efficiency must lie in (0, 1]"))
-    out.append(eqx.error_if(rt.kernel_efficiency,
-                            ~((rt.kernel_efficiency > 0) & (rt.kernel_efficiency <= 1)),
-                            "design.runtime.kernel_efficiency must lie in (0, 1]"))
-    out.append(eqx.error_if(rt.pipeline_overlap,
-                            ~((rt.pipeline_overlap >= 0) & (rt.pipeline_overlap <= 1)),
-                            "design.runtime.pipeline_overlap must lie in [0, 1]"))
-    return out
+#: Run-time checks of traced values: (what it reads, the test it must pass, the message).
+#: Each checked value replaces the original in the specs (`_checked`): an unused
+#: `eqx.error_if` result is dead code under jit, and its check would silently vanish.
+_CHECKS = (
+    (lambda w, d, c: w.input_len, lambda x: x > 0, "workload.input_len must be > 0 tokens"),
+    (lambda w, d, c: w.output_len, lambda x: x > 1, "workload.output_len must be > 1 token"),
+    (lambda w, d, c: w.input_range_ratio, lambda r: (r > 0) & (r <= 1),
+     "workload range ratios must lie in (0, 1]"),
+    (lambda w, d, c: w.output_range_ratio, lambda r: (r > 0) & (r <= 1),
+     "workload range ratios must lie in (0, 1]"),
+    (lambda w, d, c: d.concurrency, lambda x: x > 0, "design.concurrency must be > 0"),
+    (lambda w, d, c: d.runtime.expert_efficiency, lambda x: (x > 0) & (x <= 1),
+     "design.runtime.expert_efficiency must lie in (0, 1]"),
+    (lambda w, d, c: d.runtime.kernel_efficiency, lambda x: (x > 0) & (x <= 1),
+     "design.runtime.kernel_efficiency must lie in (0, 1]"),
+    (lambda w, d, c: d.runtime.pipeline_overlap, lambda x: (x >= 0) & (x <= 1),
+     "design.runtime.pipeline_overlap must lie in [0, 1]"),
+    (lambda w, d, c: c.hbm_bandwidth, lambda x: x > 0, "chip.hbm_bandwidth must be > 0"),
+    (lambda w, d, c: c.peak_flops, lambda x: x > 0, "chip.peak_flops must be > 0"),
+)
+
+
+def _checked(workload: Workload, design: Design, chip: Chip):
+    """(workload, design, chip) with every `_CHECKS` value passed through `eqx.error_if`
+    (a NaN or infinite value fails its check too)."""
+    specs = (workload, design, chip)
+    for read, test, message in _CHECKS:
+        value = read(*specs)
+        checked = eqx.error_if(value, ~(test(value) & jnp.isfinite(value)), message)
+        specs = eqx.tree_at(lambda t, r=read: r(*t), specs, checked)
+    return specs
 
 
 def _check_layout_numbers(model: Model, layout: LayoutNumbers) -> LayoutNumbers:
@@ -396,18 +423,7 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
     """
     _validate(model, chip, workload, design)
     if check:
-        # Every checked value is threaded back into the specs: an unused eqx.error_if result
-        # is dead code under jit, and its check silently vanishes.
-        checked = _check_values(workload, design, chip)
-        workload = eqx.tree_at(
-            lambda w: (w.input_len, w.output_len, w.input_range_ratio, w.output_range_ratio),
-            workload, (checked[0], checked[1], checked[5], checked[6]))
-        design = eqx.tree_at(lambda d: (d.concurrency, d.runtime.expert_efficiency,
-                                        d.runtime.kernel_efficiency,
-                                        d.runtime.pipeline_overlap), design,
-                             (checked[2], checked[7], checked[8], checked[9]))
-        chip = eqx.tree_at(lambda c: (c.hbm_bandwidth, c.peak_flops), chip,
-                           (checked[3], checked[4]))
+        workload, design, chip = _checked(workload, design, chip)
         if isinstance(design.layout, LayoutNumbers):
             design = eqx.tree_at(lambda d: d.layout, design,
                                  _check_layout_numbers(model, design.layout))
@@ -420,21 +436,21 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
               vectorize)
     chips = design.chips
     I, O = workload.mean_input_len, workload.mean_output_len
-    rps = out["requests_per_s"]
+    rps = out.requests_per_s
     total = rps * (I + O) / chips
-    power = out["power"]
+    power = out.power
     return Metrics(
-        concurrency=concurrency, ttft=out["ttft"], tpot=out["tpot"],
-        interactivity=1.0 / out["tpot"], e2e=out["e2e"], p99_ttft=out["p99_ttft"],
-        p99_tpot=out["p99_tpot"], throughput_per_chip=total,
+        concurrency=concurrency, ttft=out.ttft, tpot=out.tpot,
+        interactivity=1.0 / out.tpot, e2e=out.e2e, p99_ttft=out.p99_ttft,
+        p99_tpot=out.p99_tpot, throughput_per_chip=total,
         input_throughput_per_chip=rps * I / chips, output_throughput_per_chip=rps * O / chips,
         tok_s_per_kw_tdp=total / (chip.tdp / 1e3),
         tok_s_per_mw_allin=total / (chip.allin_power / 1e6), power_per_chip=power,
-        j_per_output_token=power * chips / (rps * O), running_batch=out["running"],
-        max_batch=out["fit"], memory_excess=out["excess"], memory_penalty=out["penalty"],
-        fits=(out["excess"] <= 0) & (out["fit"] >= 1.0), decode_step=out["step"],
-        prefill_fraction=out["prefill"], throttle=out["throttle"],
-        steady=jnp.broadcast_to(steady, jnp.shape(out["e2e"])))
+        j_per_output_token=power * chips / (rps * O), running_batch=out.running,
+        max_batch=out.fit, memory_excess=out.excess, memory_penalty=out.penalty,
+        fits=(out.excess <= 0) & (out.fit >= 1.0), decode_step=out.step,
+        prefill_fraction=out.prefill, throttle=out.throttle,
+        steady=jnp.broadcast_to(steady, jnp.shape(out.e2e)))
 
 
 #: Open-loop operating point: relative and absolute tolerance of the fixed point
@@ -464,7 +480,7 @@ def _open_loop_concurrency(model, chip, workload, design, sharpness, hard, vecto
 
     def little(c):
         return rate * run(model, chip, closed, design, design.layout, c, sharpness, hard,
-                          vectorize)["e2e"]
+                          vectorize).e2e
 
     def damped(c, _):
         return jnp.minimum(0.5 * c + 0.5 * little(c), queue)
