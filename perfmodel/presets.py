@@ -96,7 +96,7 @@ _QUALIFIER = re.compile(
     r"(sxm\d?|nvl\d*|pcie|hgx|dgx|oam|hbm\d?e?|\d+g(b)?(x\d+)?|\d+w|aarch64|x86|"
     r"nps\d|spx|cts|maxq|maxp|trt|trtllm|tensorrt|tensorrt-llm|sglang|vllm|dynamo|disagg|"
     r"mtp|bf16|fp16|fp8|fp4|nvfp4|mxfp4|int4|int8|w4a16|w8a8|awq|gptq|dynamic|"
-    r"instruct|chat|it|hf|base|v\d+(\.\d+)*|\d+(\.\d+)?)")
+    r"instruct|chat|it|hf|base|preview|v\d+(\.\d+)*|\d+(\.\d+)?)")
 _SEPARATORS = re.compile(r"[-_ ]+")
 
 
@@ -112,7 +112,12 @@ def _qualified(key: str, name: str) -> bool:
     return all(_QUALIFIER.fullmatch(t) for t in _SEPARATORS.split(rest) if t)
 
 
+#: Vendor words a name may start with ("NVIDIA GB200", "AMD Instinct MI355X 288GB HBM3e").
+_VENDOR = re.compile(r"^(nvidia|amd instinct|amd|google|openai|groq)[ -]+")
+
+
 def _exact(key: str, keys, aliases: dict[str, str]) -> str:
+    key = _VENDOR.sub("", key) if _VENDOR.sub("", key) else key
     for name in (key, key.split("/")[-1]):
         if name in keys:
             return name
@@ -359,10 +364,8 @@ def find_model(name: str, label: bool = False) -> Model:
     files = _hf_config_files()
     key = base.replace("/", "__").lower()
     if key not in files:
-        hint = re.search(r"; did you mean [^?]*\?", preset_error)
-        raise ValueError(f"unknown model {name!r}{hint.group(0) if hint else ''} No preset "
-                         f"and no shipped Hugging Face config (add its config.json, with a "
-                         f"_source key, to perfmodel/data/hf_configs/ as "
+        raise ValueError(f"{preset_error} (no shipped Hugging Face config either: add its "
+                         f"config.json, with a _source key, to perfmodel/data/hf_configs/ as "
                          f"{base.replace('/', '__')}.json)")
     from .architecture import from_hf_config
     config = json.loads(resources.files("perfmodel").joinpath(

@@ -184,7 +184,7 @@ def _peak_metrics(model_name, chip: Chip, layout: Layout, workload: Workload, ru
     maximum is the gradient at its maximiser, so between re-sweeps this point stands in for
     the peak."""
     model = get_model(model_name)
-    from .design import precision
+    from ..design import precision
     prec = precision(chip, model, "fp4")
     single = dataclasses.replace(layout, replicas=1)
     context = workload.mean_input_len + workload.mean_output_len / 2.0
