@@ -68,6 +68,7 @@ def test_cli_rejects_single_chip(capsys):
     assert "baseline" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_acceptance_reported_json(capsys):
     """Issue acceptance and the README's main job: `perfmodel compare --reported --format
     json` on defaults covers the three reported pairs in both modes (about a minute on 2

@@ -10,7 +10,10 @@ from perfmodel import fitted
 from perfmodel.studies import jalapeno
 from perfmodel.sweep import default_runtime, sweep
 
-CASES = [("gpt-oss-120b", "jalapeno", 8),
+# Jalapeno is the chip the two power models disagreed on; a small model keeps the default
+# run short, the wide layouts run with the slow tests.
+CASES = [("llama-3.1-8b", "jalapeno", 1),
+         pytest.param("gpt-oss-120b", "jalapeno", 8, marks=pytest.mark.slow),
          pytest.param("deepseek-r1", "gb200", 8, marks=pytest.mark.slow),
          pytest.param("llama-3.1-70b", "mi355x", 4, marks=pytest.mark.slow)]
 

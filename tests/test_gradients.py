@@ -75,8 +75,14 @@ def _theta(name: str, point: str) -> dict:
 POINTS = ("nominal", "power_capped")
 
 
-@pytest.mark.parametrize("point", POINTS)
-@pytest.mark.parametrize("name", REVERSE)
+def _grid(names):
+    """(name, point) pairs: the first case at both points runs by default, the rest are
+    marked slow (each compiles its own gradient; `.ci/run` runs them all)."""
+    return [pytest.param(n, p, marks=() if n == names[0] else pytest.mark.slow)
+            for n in names for p in POINTS]
+
+
+@pytest.mark.parametrize("name, point", _grid(REVERSE))
 def test_reverse_mode_matches_finite_differences(name, point):
     theta = _theta(name, point)
     weights = jnp.asarray(np.random.default_rng(7).standard_normal(len(OUTPUTS)))
@@ -90,8 +96,7 @@ def test_reverse_mode_matches_finite_differences(name, point):
                                    err_msg=f"case {name}")
 
 
-@pytest.mark.parametrize("point", POINTS)
-@pytest.mark.parametrize("name", FORWARD)
+@pytest.mark.parametrize("name, point", _grid(FORWARD))
 def test_forward_mode_matches_finite_differences(name, point):
     theta = _theta(name, point)
     for direction in _directions(name, theta):

@@ -86,9 +86,11 @@ def test_cases_cover_the_layout_features():
     assert any(x.tp > _case(name)[1].domain_size for name, x in layouts)
 
 
-@pytest.mark.parametrize("vectorize", [False, True])
-@pytest.mark.parametrize("hard", [False, True])
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name, hard, vectorize", [
+    # The smooth, per-operator evaluation of every case runs by default; the exact and
+    # vectorized variants compile again for each case, so they run with the slow tests.
+    pytest.param(n, h, v, marks=() if not (h or v) else pytest.mark.slow)
+    for n in CASES for h in (False, True) for v in (False, True)])
 def test_numbers_predict_as_the_static_layout(name, hard, vectorize):
     """Every metric agrees between `Layout` and `Layout.numbers()`, eagerly, and under
     `jax.jit` of a `jax.vmap` over the stacked numbers of all the case's layouts (one
@@ -115,7 +117,9 @@ def test_numbers_predict_as_the_static_layout(name, hard, vectorize):
             np.testing.assert_allclose(batched[key][i], value, rtol=rtol, err_msg=err)
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n in ("r1-jalapeno", "llama-8b-h200") else n
+                                  for n in CASES])
 def test_numbers_gradients_match_and_are_finite(name):
     """d TPOT / d concurrency and d TPOT / d scale-up bandwidth agree between the two forms
     and are finite: the collectives a layout does not run (groups of one chip, no pipeline)

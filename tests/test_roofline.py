@@ -177,8 +177,9 @@ def _vectorize_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(4))
-@pytest.mark.parametrize("hard", [False, True])
+@pytest.mark.parametrize("case, hard", [
+    pytest.param(c, h, marks=() if (c, h) == (0, False) else pytest.mark.slow)
+    for c in range(4) for h in (False, True)])
 def test_vectorized_operators_match_the_loop(case, hard):
     """`vectorize=True` (operators and engine steps along an array axis, the optimizer's
     fast path) computes the same metrics as the per-operator loop, and the same
