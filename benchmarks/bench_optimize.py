@@ -11,7 +11,8 @@ no persistent compilation cache: tracing and compilation included) and warm (bes
 
 CLI mode (`--cli`): times `perfmodel optimize` on the README example (13 layouts, 758k
 designs) in fresh processes, first with an empty persistent compilation cache (cold), then
-with the cache that run filled (warm cache), with and without `--check-exhaustive`.
+with the cache that run filled (warm cache), with and without `--check-exhaustive`; wall
+and CPU seconds (user + system: what a busy host stretches least).
 
 `--compile-options default` compiles with XLA's default options instead of
 `perfmodel.search.compile.CPU_OPTIONS` (the figure that justifies them).
@@ -27,6 +28,7 @@ import argparse
 import inspect
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -44,16 +46,20 @@ def cli(repeats: int, env_extra: dict) -> list[dict]:
     for extra in ([], ["--check-exhaustive"]):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, PERFMODEL_CACHE_DIR=cache, **env_extra)
-            times, out = [], None
+            times, cpu, out = [], [], None
             for _ in range(1 + repeats):
+                used = resource.getrusage(resource.RUSAGE_CHILDREN)
                 start = time.perf_counter()
                 done = subprocess.run([sys.executable, *CLI, *extra], env=env, check=True,
                                       capture_output=True, text=True)
                 times.append(time.perf_counter() - start)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu.append(after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime)
                 out = json.loads(done.stdout)
         row = {"command": "perfmodel optimize (README example)" + (
                    " --check-exhaustive" if extra else ""),
                "cold_s": times[0], "warm_cache_s": min(times[1:]),
+               "cold_cpu_s": cpu[0], "warm_cache_cpu_s": min(cpu[1:]),
                "objective_value": out["objective_value"], "grid_points": out["grid_points"]}
         if extra:
             row["exhaustive_objective_value"] = out["exhaustive"]["objective_value"]
@@ -86,8 +92,9 @@ def main(argv=None):
         for row in rows:
             print(json.dumps(row) if args.json else
                   f"{row['command']}: {row['cold_s']:.1f} s cold, {row['warm_cache_s']:.1f} s "
-                  f"with a warm cache ({row['grid_points']:,} designs, objective "
-                  f"{row['objective_value']:.2f})", flush=True)
+                  f"with a warm cache (CPU {row['cold_cpu_s']:.1f} s / "
+                  f"{row['warm_cache_cpu_s']:.1f} s; {row['grid_points']:,} designs, "
+                  f"objective {row['objective_value']:.2f})", flush=True)
         return
     rows = grids(args)
     if args.json:

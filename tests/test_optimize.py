@@ -276,23 +276,18 @@ def test_compiler_options_fit_this_xla(monkeypatch):
     # that 0.10 takes, and passing it anyway failed every search on the CPU.
     from perfmodel.search import compile as compilation
 
-    options = compilation.compiler_options()
-    if jax.default_backend() != "cpu":
-        assert options is None      # the options are XLA:CPU's; other backends get none
-        return
-    assert options, "no option accepted: drop them, or find why"
-    jax.jit(lambda x: 2.0 * x, compiler_options=options).lower(1.0).compile()
-    # An option this XLA does not know is left out rather than failing the compile.
-    compilation.compiler_options.cache_clear()
-    monkeypatch.setattr(compilation, "CPU_OPTIONS",
-                        dict(compilation.CPU_OPTIONS, xla_cpu_no_such_flag_here=False))
-    try:
-        assert compilation.compiler_options() == options
-        monkeypatch.setenv("PERFMODEL_COMPILE_OPTIONS", "default")
-        compilation.compiler_options.cache_clear()
-        assert compilation.compiler_options() is None
-    finally:
-        compilation.compiler_options.cache_clear()
+    for wanted in (compilation.SEARCH_OPTIONS, compilation.ENUMERATION_OPTIONS):
+        options = compilation.compiler_options(wanted)
+        if jax.default_backend() != "cpu":
+            assert options is None      # the options are XLA:CPU's; other backends get none
+            continue
+        assert options, "no option accepted: drop them, or find why"
+        jax.jit(lambda x: 2.0 * x, compiler_options=options).lower(1.0).compile()
+        # An option this XLA does not know is left out rather than failing the compile.
+        unknown = dict(wanted, xla_cpu_no_such_flag_here=False)
+        assert compilation.compiler_options(unknown) == options
+    monkeypatch.setenv("PERFMODEL_COMPILE_OPTIONS", "default")
+    assert compilation.compiler_options(compilation.SEARCH_OPTIONS) is None
 
 
 def _loss_problem(groups, name, **limits):

@@ -36,7 +36,7 @@ from ..hardware import Chip
 from ..smooth import DEFAULT_SHARPNESS
 from ..solvers import RESULTS, check
 from ..workload import Workload
-from .compile import filter_jit
+from .compile import search_kernel
 from .evaluate import FEASIBLE_TOL, Evaluation, Problem, materialize, problem
 from .harden import Hardened, Neighbourhood, harden, neighbourhood
 from .lagrangian import AugmentedLagrangian, run
@@ -68,7 +68,7 @@ class _Branches(eqx.Module):
     sensitivity: Sensitivity
 
 
-@filter_jit
+@search_kernel
 def _search(prob: Problem, layouts, solver: AugmentedLagrangian, starts: Relaxed,
             moves: Neighbourhood, max_moves, keep: int) -> _Branches:
     """The search of one kernel: `layouts` is one static layout or `LayoutNumbers` with a

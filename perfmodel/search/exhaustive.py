@@ -1,17 +1,23 @@
 """Exhaustive enumeration of the grid with the exact model: the reference the search is
 checked against (`perfmodel optimize --check-exhaustive`).
 
-One compiled kernel per layout kind scans the whole grid in chunks of `CHUNK` designs
-(each chunk one vmapped evaluation, per-operator order: faster than the vectorized one
-under a wide vmap) and keeps the best-ranked design on the device. Aggregated layouts
-enter as numbers (`Layout.numbers()`), so one compilation serves all of them;
-disaggregated ones are static, one compilation each.
+One compiled kernel scans a run of chunks of `CHUNK` designs (each chunk one vmapped
+evaluation, per-operator order: faster than the vectorized one under a wide vmap) and
+keeps the best-ranked design on the device. Aggregated layouts enter as numbers
+(`Layout.numbers()`), so one compilation serves all of them (a grid of one keeps it
+static, a smaller kernel); disaggregated ones are static, one compilation each.
+
+XLA:CPU runs a kernel on the calling thread, so the work (layouts, and parts of a layout's
+grid when there are fewer layouts than cores) is spread over one thread per core: on 2
+cores, 963 ms against 1377 ms for the README example's 758k designs (busy host).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import os
 import time
 
 import jax
@@ -22,7 +28,7 @@ from ..architecture import Model
 from ..design import Layout
 from ..hardware import Chip
 from ..workload import Workload
-from .compile import filter_jit
+from .compile import enumeration_kernel
 from .evaluate import FEASIBLE_TOL, Problem, problem
 from .space import CONSTRAINTS, GridIndex, Space, Targets, tables
 
@@ -49,14 +55,16 @@ class ExhaustiveResult:
         return dataclasses.asdict(self)
 
 
-@filter_jit
-def _best(prob: Problem, layout, chunk: int):
-    """(rank, grid number, objective value, g) of the best-ranked design of the grid."""
+@enumeration_kernel
+def _best(prob: Problem, layout, first, chunks, chunk: int):
+    """(rank, grid number, objective value, g) of the best-ranked design among the `chunks`
+    chunks of `chunk` designs from grid number `first` on (both traced: one compilation
+    serves every part of the grid)."""
     sizes = prob.tables.sizes
     total = math.prod(jax.tree_util.tree_leaves(sizes))
 
-    def body(best, start):
-        numbers = start + jnp.arange(chunk, dtype=jnp.int32)
+    def body(i, best):
+        numbers = first + chunk * i + jnp.arange(chunk, dtype=jnp.int32)
         index = GridIndex.unravel(jnp.minimum(numbers, total - 1), sizes)
         out = jax.vmap(lambda i: prob.evaluate(layout, i.choice(prob.tables), hard=True,
                                                vectorize=False))(index)
@@ -64,16 +72,16 @@ def _best(prob: Problem, layout, chunk: int):
         j = jnp.argmax(rank)
         new = (rank[j], numbers[j], out.value[j], out.g[j])
         better = new[0] > best[0]
-        return jax.tree_util.tree_map(lambda a, b: jnp.where(better, a, b), new, best), None
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(better, a, b), new, best)
 
     init = (jnp.asarray(-jnp.inf), jnp.zeros((), jnp.int32), jnp.zeros(()),
             jnp.zeros(len(CONSTRAINTS)))
-    starts = jnp.arange(0, total, chunk, dtype=jnp.int32)
-    return jax.lax.scan(body, init, starts)[0]
+    return jax.lax.fori_loop(0, chunks, body, init)
 
 
 def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Targets,
-               objective: str = "tok_s_per_kw") -> ExhaustiveResult:
+               objective: str = "tok_s_per_kw", *, threads: int | None = None
+               ) -> ExhaustiveResult:
     """Enumerate every design of `space` with the exact (hard) model and keep the best
     feasible one (or, when none is, the one with the smallest total violation).
 
@@ -82,6 +90,7 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
         space: the grid (`design_space`).
         tgt: limits and prices (`targets`).
         objective: a key of `OBJECTIVES`.
+        threads: threads the work is spread over (default: one per core).
 
     Returns:
         `ExhaustiveResult`.
@@ -102,16 +111,43 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
         raise ValueError("space must be a Space (see design_space)")
     start = time.perf_counter()
     prob = problem(model, chip, workload, tables(space, chip), tgt, objective)
-    # Every layout's kernel is dispatched before any result is read.
-    pending = [_best(prob, x.numbers() if isinstance(x, Layout) else x, CHUNK)
-               for x in space.layouts]
-    results = jax.device_get(pending)
-    k = int(np.argmax([float(r[0]) for r in results]))
-    _, number, value, g = results[k]
+    threads = threads or os.cpu_count() or 1
     sizes = space.sizes
+    total = math.prod(jax.tree_util.tree_leaves(sizes))
+    aggregated = sum(isinstance(x, Layout) for x in space.layouts)
+    # Parts of each layout's grid: enough work items for every thread.
+    parts = min(-(-threads // len(space.layouts)), -(-total // CHUNK))
+    chunks = -(-total // (CHUNK * parts))
+    work = [(k, np.int32(p * chunks * CHUNK)) for k in range(len(space.layouts))
+            for p in range(parts) if p * chunks * CHUNK < total]
+
+    def argument(k):
+        layout = space.layouts[k]
+        return layout.numbers() if isinstance(layout, Layout) and aggregated > 1 else layout
+
+    def run(item, count=chunks):
+        k, first = item
+        return jax.device_get(_best(prob, argument(k), first, np.int32(count), CHUNK))
+
+    if threads > 1 and len(work) > 1:
+        # Compile each kernel once, on this thread (an empty run), before the threads
+        # would each compile it.
+        kernels = {}
+        for item in work:
+            layout = space.layouts[item[0]]
+            kernels.setdefault("numbers" if isinstance(layout, Layout) else layout, item)
+        for item in kernels.values():
+            run(item, count=0)
+        with concurrent.futures.ThreadPoolExecutor(min(threads, len(work))) as pool:
+            results = list(pool.map(run, work))
+    else:
+        results = [run(item) for item in work]
+    best = int(np.argmax([float(r[0]) for r in results]))
+    k = work[best][0]
+    _, number, value, g = results[best]
     index = GridIndex(*np.unravel_index(int(number), jax.tree_util.tree_leaves(sizes)))
     described = index.describe(space, chip, space.layouts[k])
-    points = len(space.layouts) * math.prod(jax.tree_util.tree_leaves(sizes))
+    points = len(space.layouts) * total
     wall = time.perf_counter() - start
     if np.all(g <= FEASIBLE_TOL):
         return ExhaustiveResult(design=described, objective_value=float(value), feasible=True,
