@@ -245,8 +245,9 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     Lagrangian (vectorized) for up to `steps` steps, the multipliers updated every
     `steps // blocks`, the softmax temperature annealed geometrically from `temperature[0]`
     to `temperature[1]`. With more layouts than `keep_layouts`, only `keep_layouts` are
-    hardened, chosen alternately by the exact rank of their rounded relaxed designs and
-    by their final augmented Lagrangian; the others are reported in `screened_out`.
+    hardened, chosen alternately by the best exact design on the concurrency line through
+    their rounded relaxed designs and by their final augmented Lagrangian
+    (`harden.screen_order`); the others are reported in `screened_out`.
 
     Args:
         model, chip, workload: what is served, on what.
@@ -307,8 +308,6 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     initial = jax.tree_util.tree_map(lambda *xs: np.stack(xs),
                                      *[Relaxed.initial(space, s) for s in starts])
     moves = neighbourhood(space.sizes)
-    if len(starts) > moves.size:
-        raise ValueError(f"optimize: at most {moves.size} starts on this grid")
     max_moves = np.asarray(max_iterations, dtype=np.int32)
     groups = _groups(space)
     # Every kernel is dispatched before any result is read.
