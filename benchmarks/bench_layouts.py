@@ -4,7 +4,7 @@ enumeration, on grids over every candidate layout of a deployment
 Kimi-K2.5, GPT-OSS-120B, Qwen3-235B, Mixtral-8x22B and Llama-3.1 on Jalapeno, GB300, B200,
 H200 and MI355X).
 
-For each `keep` (default 1, 2 and None = every layout searched to the end) it reports the
+For each `keep` (default 1, 2 and None = every layout hardened) it reports the
 scenarios whose hardened design misses the exhaustive optimum by more than 2% or disagrees
 on feasibility (the acceptance bar: 0), the worst objective ratio, and, from the screen
 itself, how far down its order the first layout within 2% of the grid's optimum sits (0 =
@@ -27,7 +27,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from perfmodel import optimize as po  # noqa: E402
+from perfmodel import search as ps  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from test_optimize import LAYOUT_SCENARIOS, layout_case  # noqa: E402
@@ -39,7 +39,7 @@ def per_layout_best(model, chip, workload, space, tgt, objective) -> dict:
     out = {}
     for layout in space.layouts:
         alone = dataclasses.replace(space, layouts=(layout,))
-        out[layout.describe()] = po.exhaustive(model, chip, workload, alone, tgt,
+        out[layout.describe()] = ps.exhaustive(model, chip, workload, alone, tgt,
                                                objective).objective_value
     return out
 
@@ -50,19 +50,10 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     keeps = [None if k == "none" else int(k) for k in args.keep]
-    orders = []
-    original = po._screen_order
-
-    def spy(entries, n_starts):           # records the screen's order of the layouts
-        order = original(entries, n_starts)
-        orders.append([e[1].describe() for e in order])
-        return order
-
-    po._screen_order = spy
     rows = []
     for row in LAYOUT_SCENARIOS:
         model, chip, workload, space, tgt, objective = layout_case(*row)
-        best = po.exhaustive(model, chip, workload, space, tgt, objective)
+        best = ps.exhaustive(model, chip, workload, space, tgt, objective)
         layouts = per_layout_best(model, chip, workload, space, tgt, objective)
         out = {"scenario": f"{row[0]} on {row[2]} {row[1]}, ISL/OSL {row[3][0]}/{row[3][1]}, "
                            f"{row[4]}, {row[5]}",
@@ -72,14 +63,15 @@ def main(argv=None):
         if best.feasible:
             good = {n for n, v in layouts.items() if v is not None
                     and v >= 0.98 * best.objective_value}
-            orders.clear()
-            po.optimize(model, chip, workload, space, tgt, objective)
-            out["first_good_in_screen"] = min(orders[-1].index(n) for n in good)
+            order = ps.optimize(model, chip, workload, space, tgt, objective,
+                                throw=False).screen_order
+            out["first_good_in_screen"] = min(order.index(n) for n in good)
         for keep in keeps:
-            po.optimize(model, chip, workload, space, tgt, objective, keep_layouts=keep)
+            ps.optimize(model, chip, workload, space, tgt, objective, keep_layouts=keep,
+                        throw=False)
             start = time.perf_counter()
-            result = po.optimize(model, chip, workload, space, tgt, objective,
-                                 keep_layouts=keep)
+            result = ps.optimize(model, chip, workload, space, tgt, objective,
+                                 keep_layouts=keep, throw=False)
             wall = time.perf_counter() - start
             ratio = (result.objective_value / best.objective_value
                      if best.feasible and result.feasible else None)

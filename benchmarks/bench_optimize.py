@@ -1,17 +1,25 @@
-"""Gradient design optimization vs exhaustive enumeration of the same grid.
+"""Gradient design optimization vs exhaustive enumeration of the same grid, and the command
+line's cold and warm-cache wall time.
 
-Runs `perfmodel.optimize.optimize` (its default schedule unless `--steps`/`--blocks`) and
-`perfmodel.optimize.exhaustive` on DeepSeek-R1 served by 8 Jalapeno chips (ISL 8192, OSL
-1024, TPOT <= 10 ms, power <= 550 W per chip), on grids whose concurrency and power-cap axes
-are refined until each holds at least the requested number of designs, and prints wall
-times: cold (first call, compilation included), warm (best of `--repeats` calls in a row
-with compiled kernels, as a sweep of searches runs) and alternating (best of `--repeats`
-rounds that call each method once in turn, so each call follows the other's: a single
-call after other work, with colder caches), and the objective each finds. Both run on one
-stream of kernels on the default JAX device.
+Grid mode (default): runs `perfmodel.search.optimize` (its default schedule unless
+`--steps`/`--blocks`) and `perfmodel.search.exhaustive` on DeepSeek-R1 served by 8 Jalapeno
+chips (ISL 8192, OSL 1024, TPOT <= 10 ms, power <= 550 W per chip), on grids whose
+concurrency and power-cap axes are refined until each holds at least the requested number
+of designs, and prints wall times: cold (the first call for that grid in this process, with
+no persistent compilation cache: tracing and compilation included) and warm (best of
+`--repeats` calls in a row with compiled kernels), and the objective each finds.
+
+CLI mode (`--cli`): times `perfmodel optimize` on the README example (13 layouts, 758k
+designs) in fresh processes, first with an empty persistent compilation cache (cold), then
+with the cache that run filled (warm cache), with and without `--check-exhaustive`; wall
+and CPU seconds (user + system: what a busy host stretches least).
+
+`--compile-options default` compiles with XLA's default options instead of
+`perfmodel.search.compile.CPU_OPTIONS` (the figure that justifies them).
 
     python benchmarks/bench_optimize.py [--min-points 100000 1000000] [--layouts 2]
-        [--steps 24 --blocks 4] [--keep-layouts 1|all] [--split]
+        [--steps 24 --blocks 4] [--keep-layouts 1|all] [--compile-options default]
+    python benchmarks/bench_optimize.py --cli [--repeats 3]
 """
 
 from __future__ import annotations
@@ -19,29 +27,96 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 
-import jax
-
-jax.config.update("jax_enable_x64", True)
-
-import perfmodel as pm  # noqa: E402
-from perfmodel import optimize as po  # noqa: E402
+#: The README example.
+CLI = ["-m", "perfmodel.cli", "optimize", "--model", "deepseek-r1", "--chip", "jalapeno",
+       "--chips", "8", "--isl", "8192", "--osl", "1024", "--max-tpot-ms", "10",
+       "--max-power-w", "550", "--objective", "tok_s_per_kw", "--format", "json"]
 
 
-def _space(model, chip, workload, layouts, conc_steps, caps):
+def cli(repeats: int, env_extra: dict) -> list[dict]:
+    """Wall times of the README example in fresh processes: cold cache, then warm."""
+    rows = []
+    for extra in ([], ["--check-exhaustive"]):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, PERFMODEL_CACHE_DIR=cache, **env_extra)
+            times, cpu, out = [], [], None
+            for _ in range(1 + repeats):
+                used = resource.getrusage(resource.RUSAGE_CHILDREN)
+                start = time.perf_counter()
+                done = subprocess.run([sys.executable, *CLI, *extra], env=env, check=True,
+                                      capture_output=True, text=True)
+                times.append(time.perf_counter() - start)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu.append(after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime)
+                out = json.loads(done.stdout)
+        row = {"command": "perfmodel optimize (README example)" + (
+                   " --check-exhaustive" if extra else ""),
+               "cold_s": times[0], "warm_cache_s": min(times[1:]),
+               "cold_cpu_s": cpu[0], "warm_cache_cpu_s": min(cpu[1:]),
+               "objective_value": out["objective_value"], "grid_points": out["grid_points"]}
+        if extra:
+            row["exhaustive_objective_value"] = out["exhaustive"]["objective_value"]
+        rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--min-points", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--layouts", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="Adam steps (default: optimize's)")
+    parser.add_argument("--blocks", type=int, default=None,
+                        help="augmented-Lagrangian blocks (default: optimize's)")
+    parser.add_argument("--keep-layouts", default=None, metavar="N|all",
+                        help="layouts hardened after the screen (default: optimize's)")
+    parser.add_argument("--compile-options", choices=("search", "default"), default="search",
+                        help="the search's XLA:CPU compile options, or XLA's defaults")
+    parser.add_argument("--cli", action="store_true",
+                        help="time the command line on the README example instead")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    env_extra = {"PERFMODEL_COMPILE_OPTIONS": "default"} \
+        if args.compile_options == "default" else {}
+    os.environ.update(env_extra)
+    if args.cli:
+        rows = cli(args.repeats, env_extra)
+        for row in rows:
+            print(json.dumps(row) if args.json else
+                  f"{row['command']}: {row['cold_s']:.1f} s cold, {row['warm_cache_s']:.1f} s "
+                  f"with a warm cache (CPU {row['cold_cpu_s']:.1f} s / "
+                  f"{row['warm_cache_cpu_s']:.1f} s; {row['grid_points']:,} designs, "
+                  f"objective {row['objective_value']:.2f})", flush=True)
+        return
+    rows = grids(args)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+def _space(ps, model, chip, workload, layouts, conc_steps, caps):
     concurrency = sorted({round(2 ** (k / conc_steps), 2) for k in range(11 * conc_steps + 1)})
-    layouts = po.candidate_layouts(model, chip, 8, workload, "mxfp4")[:layouts]
-    return po.design_space(model, chip, 8, layouts=layouts, concurrency=concurrency,
+    layouts = ps.candidate_layouts(model, chip, 8, workload, "mxfp4")[:layouts]
+    return ps.design_space(model, chip, 8, layouts=layouts, concurrency=concurrency,
                            power_caps=[0.5 + 0.5 * k / (caps - 1) for k in range(caps)])
 
 
 def grid(model, chip, workload, layouts, min_points):
+    """The benchmark's grid of at least `min_points` designs over `layouts` layouts."""
+    from perfmodel import search as ps
+
     steps, caps = 1, 2
-    space = _space(model, chip, workload, layouts, steps, caps)
+    space = _space(ps, model, chip, workload, layouts, steps, caps)
     while space.size < min_points:
         steps, caps = steps * 2, caps * 2 - 1
-        space = _space(model, chip, workload, layouts, steps, caps)
+        space = _space(ps, model, chip, workload, layouts, steps, caps)
     return space
 
 
@@ -57,42 +132,19 @@ def timed(run, repeats):
     return result, cold, min(warm)
 
 
-def alternating(runs: dict, repeats) -> dict:
-    """Best wall time of each compiled run over `repeats` rounds that call every run once
-    in turn: each call then follows the other method's, as a single call follows other
-    work, rather than an identical call that left the caches warm for it."""
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+def grids(args) -> list[dict]:
+    import jax
 
+    jax.config.update("jax_enable_x64", True)
+    import perfmodel as pm
+    from perfmodel import search as ps
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--min-points", type=int, nargs="+", default=[100_000])
-    parser.add_argument("--layouts", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=None,
-                        help="Adam steps (default: optimize's)")
-    parser.add_argument("--blocks", type=int, default=None,
-                        help="augmented-Lagrangian blocks (default: optimize's)")
-    parser.add_argument("--keep-layouts", default=None, metavar="N|all",
-                        help="layouts searched past the layout screen (default: optimize's)")
-    parser.add_argument("--split", action="store_true",
-                        help="also time one Adam step per block (one more compile per "
-                             "grid): the fixed cost (rounding, local search, host work) and "
-                             "the cost of each further Adam step")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
     model, chip = pm.get_model("deepseek-r1"), pm.get_chip("jalapeno")
     workload = pm.Workload(8192, 1024)
-    tgt = po.targets(max_tpot_ms=10, max_power_w=550)
-    defaults = inspect.signature(po.optimize).parameters
-    args.steps = args.steps or defaults["steps"].default
-    args.blocks = args.blocks or defaults["blocks"].default
+    tgt = ps.targets(max_tpot_ms=10, max_power_w=550)
+    defaults = inspect.signature(ps.optimize).parameters
+    steps = args.steps or defaults["steps"].default
+    blocks = args.blocks or defaults["blocks"].default
     keep = (defaults["keep_layouts"].default if args.keep_layouts is None
             else None if args.keep_layouts == "all" else int(args.keep_layouts))
     rows = []
@@ -100,34 +152,20 @@ def main(argv=None):
         space = grid(model, chip, workload, args.layouts, min_points)
         row = {"grid_points": space.size, "layouts": [x.describe() for x in space.layouts],
                "concurrency_values": len(space.concurrency),
-               "power_caps": len(space.power_caps), "device": jax.default_backend()}
-        row["keep_layouts"] = keep
-        runs = {"gradient": lambda s=space: po.optimize(
-                    model, chip, workload, s, tgt, steps=args.steps, blocks=args.blocks,
-                    keep_layouts=keep),
-                "exhaustive": lambda s=space: po.exhaustive(model, chip, workload, s, tgt)}
+               "power_caps": len(space.power_caps), "device": jax.default_backend(),
+               "keep_layouts": keep, "compile_options": args.compile_options}
+        runs = {"gradient": lambda s=space: ps.optimize(
+                    model, chip, workload, s, tgt, steps=steps, blocks=blocks,
+                    keep_layouts=keep, throw=False),
+                "exhaustive": lambda s=space: ps.exhaustive(model, chip, workload, s, tgt)}
         for name, run in runs.items():
             result, cold, warm = timed(run, args.repeats)
             row[name] = {"cold_s": cold, "warm_s": warm,
                          "objective_value": result.objective_value,
                          "evaluations": getattr(result, "evaluations", None)
                          or getattr(result, "points", None)}
-        if args.split and args.steps > args.blocks:
-            _, _, fixed = timed(lambda s=space: po.optimize(
-                model, chip, workload, s, tgt, steps=args.blocks, blocks=args.blocks,
-                keep_layouts=keep), args.repeats)
-            row["gradient"]["fixed_warm_s"] = fixed
-            row["gradient"]["per_step_warm_s"] = (row["gradient"]["warm_s"] - fixed) / (
-                args.steps - args.blocks)
         row["speedup_cold"] = row["exhaustive"]["cold_s"] / row["gradient"]["cold_s"]
         row["speedup_warm"] = row["exhaustive"]["warm_s"] / row["gradient"]["warm_s"]
-        for name, best in alternating(runs, args.repeats).items():
-            row[name]["alternating_s"] = best
-        row["speedup_alternating"] = (row["exhaustive"]["alternating_s"]
-                                      / row["gradient"]["alternating_s"])
-        # Enumeration costs about the same per design on every grid and the gradient search
-        # about the same per layout: the grid size at which the warm speed-up would reach 10x.
-        row["designs_for_10x_warm"] = 10 * space.size / row["speedup_warm"]
         rows.append(row)
         if not args.json:
             g, e = row["gradient"], row["exhaustive"]
@@ -135,18 +173,9 @@ def main(argv=None):
                   f"{g['cold_s']:.1f} s cold / {1e3 * g['warm_s']:.1f} ms warm "
                   f"(objective {g['objective_value']:.1f}, {g['evaluations']} exact "
                   f"evaluations); exhaustive {e['cold_s']:.1f} s / {1e3 * e['warm_s']:.1f} ms "
-                  f"(objective {e['objective_value']:.1f}); warm speed-up "
-                  f"{row['speedup_warm']:.1f}x (10x from about "
-                  f"{row['designs_for_10x_warm']:,.0f} designs); alternating calls "
-                  f"{1e3 * g['alternating_s']:.1f} / {1e3 * e['alternating_s']:.1f} ms, "
-                  f"{row['speedup_alternating']:.1f}x", flush=True)
-            if "per_step_warm_s" in g:
-                print(f"  gradient: {1e3 * g['fixed_warm_s']:.2f} ms fixed (one Adam step "
-                      f"per block, rounding, local search, host work) + "
-                      f"{1e6 * g['per_step_warm_s']:.0f} us per further Adam step "
-                      f"(all layouts)", flush=True)
-    if args.json:
-        print(json.dumps(rows, indent=1))
+                  f"(objective {e['objective_value']:.1f}); speed-up cold "
+                  f"{row['speedup_cold']:.2f}x, warm {row['speedup_warm']:.1f}x", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     cache = compilation_cache_dir()
     if cache is not None and not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", cache)
+        # Every kernel, the small eager ones too: recompiling those (JAX caches only
+        # kernels that took a second) cost about 0.5 s of each warm `perfmodel optimize`.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel.optimize import candidate_layouts
+from perfmodel.search import candidate_layouts
 
 CONCURRENCY = np.array([1.0, 37.0, 512.0])
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
-from perfmodel import optimize as po
+from perfmodel import search as ps
 from perfmodel.design import PLACEMENTS, Layout, mapping
 
 
@@ -40,7 +40,7 @@ def test_gpu_default_is_interleaved_and_unchanged():
     explicit = _metrics(model, chip, workload,
                         pm.Design(64.0, layout, prec, mapping=mapping("interleaved")))
     assert float(default.tpot) == pytest.approx(float(explicit.tpot), rel=1e-12)
-    space = po.design_space(model, chip, 8, layouts=(layout,))
+    space = ps.design_space(model, chip, 8, layouts=(layout,))
     assert set(space.placements.values()) == {("interleaved",)}
 
 
@@ -75,9 +75,9 @@ def test_slow_fabric_moves_state_to_local_slices():
     common = dict(layouts=(layout,), concurrency=[2 ** (k / 2) for k in range(0, 23)],
                   formats={"weights": ("fp8",), "experts": ("fp8", "fp4"), "kv": ("fp8",)},
                   power_caps=(0.7, 0.85, 1.0))
-    tgt = po.targets(max_tpot_ms=25)
-    free = po.design_space(model, slow, 8, **common)
-    result = po.optimize(model, slow, workload, free, tgt, steps=120, blocks=4)
+    tgt = ps.targets(max_tpot_ms=25)
+    free = ps.design_space(model, slow, 8, **common)
+    result = ps.optimize(model, slow, workload, free, tgt, steps=120, blocks=4)
     assert result.feasible
     placed = result.design["placements"]
     assert placed["kv"] == "partitioned"
@@ -85,7 +85,7 @@ def test_slow_fabric_moves_state_to_local_slices():
     # replicated on 8 slices, so they are partitioned.
     assert placed["experts"] == "partitioned"
     assert "interleaved" not in (placed["attention"], placed["dense"]), placed
-    interleaved = po.design_space(model, slow, 8, placements={"weights": ("interleaved",),
+    interleaved = ps.design_space(model, slow, 8, placements={"weights": ("interleaved",),
                                                               "kv": ("interleaved",)}, **common)
-    best_interleaved = po.exhaustive(model, slow, workload, interleaved, tgt)
+    best_interleaved = ps.exhaustive(model, slow, workload, interleaved, tgt)
     assert result.objective_value > 1.2 * best_interleaved.objective_value

@@ -1,5 +1,5 @@
 """`perfmodel optimize`: the design that serves the most tokens per watt (per chip, per dollar)
-under latency, power and accuracy targets, found by gradient descent (`perfmodel.optimize`)."""
+under latency, power and accuracy targets, found by gradient descent (`perfmodel.search`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _keep(text: str):
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from ..optimize import OBJECTIVES
+    from ..search import OBJECTIVES
 
     parser = subparsers.add_parser(
         "optimize", help="best design under latency/power targets, by gradient descent",
@@ -83,18 +83,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--usd-per-kwh", type=float, default=None,
                         help="electricity price for usd_per_mtok")
     parser.add_argument("--steps", type=positive_int, default=None,
-                        help="Adam steps (default: perfmodel.optimize.optimize's); more "
+                        help="Adam steps (default: perfmodel.search.optimize's); more "
                              "steps converge the relaxed solution further")
     parser.add_argument("--blocks", type=positive_int, default=None,
                         help="augmented-Lagrangian blocks the steps are split into "
-                             "(default: perfmodel.optimize.optimize's)")
+                             "(default: perfmodel.search.optimize's)")
     parser.add_argument("--keep-layouts", type=_keep, default=None, metavar="N|all",
-                        help="layouts searched past the screen when the grid has more "
-                             "(default: perfmodel.optimize.optimize's); 'all' searches "
-                             "every layout to the end")
-    parser.add_argument("--screen-steps", type=positive_int, default=None,
-                        help="Adam steps every layout runs before the layout screen "
-                             "(default: perfmodel.optimize.optimize's)")
+                        help="layouts hardened after the relaxed search when the grid has "
+                             "more (default: perfmodel.search.optimize's); 'all' hardens "
+                             "every layout")
     parser.add_argument("--check-exhaustive", action="store_true",
                         help="also enumerate the whole grid and report its best design")
     add_format_arg(parser)
@@ -103,8 +100,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _result(args):
-    from ..optimize import design_space, exhaustive, optimize, targets
     from ..presets import find_model, get_chip
+    from ..search import design_space, exhaustive, optimize, targets
     from ..workload import Workload
     from . import check_lengths
 
@@ -127,11 +124,12 @@ def _result(args):
                   max_deployment_power_kw=args.max_deployment_power_kw, chips=args.chips,
                   max_quality_loss=args.max_quality_loss,
                   usd_per_chip_hour=args.usd_per_chip_hour, usd_per_kwh=args.usd_per_kwh)
-    schedule = {k: v for k, v in (("steps", args.steps), ("blocks", args.blocks),
-                                  ("screen_steps", args.screen_steps)) if v}
+    schedule = {k: v for k, v in (("steps", args.steps), ("blocks", args.blocks)) if v}
     if args.keep_layouts is not None:
         schedule["keep_layouts"] = None if args.keep_layouts == "all" else args.keep_layouts
-    result = optimize(model, chip, workload, space, tgt, args.objective, **schedule)
+    # An unsuccessful search is reported (the closest design when infeasible), not raised.
+    result = optimize(model, chip, workload, space, tgt, args.objective, throw=False,
+                      **schedule)
     out = result.as_dict()
     out["grid_points"] = space.size
     if args.check_exhaustive:
@@ -189,6 +187,9 @@ def _table(out: dict) -> str:
         if "per_unit" in entry:
             text += f"  ({entry['per_unit']:+.4g} {entry['unit']})"
         lines.append(text)
+    if out["result"] == "nonlinear_max_steps_reached":
+        lines.append("note: the local search stopped at its cap on moves while still "
+                     "improving; the design may not be locally best")
     if out.get("screened_out"):
         lines.append(f"layouts screened out: "
                      f"{', '.join(out['screened_out'])}")
