@@ -29,6 +29,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 from perfmodel import calibrate as cal  # noqa: E402
 from perfmodel import datasets  # noqa: E402
+from perfmodel import fitted as fitted_files  # noqa: E402
 from perfmodel.presets import chip_key  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -72,7 +73,7 @@ def shipped_fit(problem: cal.Calibration, fitted, held, gemm, nccl, out=OUTPUT,
 
     def checkpoint(step, loss, params):
         meta = {"result": f"checkpoint after step {step} (fit still running)", "loss": loss}
-        cal.save_json(cal.to_json(params, meta), out)
+        fitted_files.write(cal.to_json(params, meta), out)
 
     result, families, frameworks = problem.fit(fitted, max_steps=max_steps,
                                                callback=checkpoint, pooling=pooling)
@@ -91,7 +92,7 @@ def shipped_fit(problem: cal.Calibration, fitted, held, gemm, nccl, out=OUTPUT,
         "result": result.result, "loss": result.loss, "steps": result.steps,
         "fit_seconds": round(time.time() - start, 1)}
     data = cal.to_json(result.params, meta, families, frameworks)
-    cal.save_json(data, out)
+    fitted_files.write(data, out)
     return data
 
 

@@ -31,7 +31,6 @@ Solver: Levenberg-Marquardt with iteratively reweighted least squares for the Hu
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable, Sequence
 
@@ -1041,10 +1040,3 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
                         f"capacity); throughput is predicted as if almost nothing ran")
                 out[position[row.index]] = entry
     return out
-
-
-def save_json(data: dict, path) -> None:
-    """Write a fitted-parameter dict as indented JSON."""
-    with open(path, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=False)
-        handle.write("\n")

@@ -98,11 +98,6 @@ def write(data: Mapping, path: str | os.PathLike) -> None:
         handle.write("\n")
 
 
-def reload() -> None:
-    """Forget the files read so far (after a fit rewrote them)."""
-    _read_cached.cache_clear()
-
-
 # ---------------------------------------------------------------------------------------
 # Resolution.
 

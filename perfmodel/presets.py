@@ -117,7 +117,7 @@ _VENDOR = re.compile(r"^(nvidia|amd instinct|amd|google|openai|groq)[ -]+")
 
 
 def _exact(key: str, keys, aliases: dict[str, str]) -> str:
-    key = _VENDOR.sub("", key) if _VENDOR.sub("", key) else key
+    key = _VENDOR.sub("", key) or key
     for name in (key, key.split("/")[-1]):
         if name in keys:
             return name
