@@ -58,17 +58,18 @@ def compiler_options(options: dict) -> dict | None:
 
 
 class filter_jit:
-    """`eqx.filter_jit(fun)` compiled with `compiler_options(options)`. The options are
-    read at the first call (they depend on the backend, which should not start at
-    import)."""
+    """`eqx.filter_jit(fun)` compiled with `compiler_options` of the option set named
+    `options` in this module. The options are read at the first call (they depend on the
+    backend, which should not start at import)."""
 
-    def __init__(self, fun, options: dict):
+    def __init__(self, fun, options: str):
         self.fun, self.options = fun, options
         functools.update_wrapper(self, fun)
 
     @functools.cached_property
     def jitted(self):
-        return eqx.filter_jit(self.fun, compiler_options=compiler_options(self.options))
+        return eqx.filter_jit(self.fun,
+                              compiler_options=compiler_options(globals()[self.options]))
 
     def __call__(self, *args, **kwargs):
         return self.jitted(*args, **kwargs)
@@ -76,9 +77,9 @@ class filter_jit:
 
 def search_kernel(fun):
     """Decorator: `filter_jit` with `SEARCH_OPTIONS`."""
-    return filter_jit(fun, SEARCH_OPTIONS)
+    return filter_jit(fun, "SEARCH_OPTIONS")
 
 
 def enumeration_kernel(fun):
     """Decorator: `filter_jit` with `ENUMERATION_OPTIONS`."""
-    return filter_jit(fun, ENUMERATION_OPTIONS)
+    return filter_jit(fun, "ENUMERATION_OPTIONS")
