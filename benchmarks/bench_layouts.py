@@ -17,7 +17,6 @@ scenarios.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
@@ -33,17 +32,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from test_optimize import LAYOUT_SCENARIOS, layout_case  # noqa: E402
 
 
-def per_layout_best(model, chip, workload, space, tgt, objective) -> dict:
-    """Best feasible objective of each layout by enumeration (None when none is feasible):
-    `exhaustive` on the same grid restricted to that layout."""
-    out = {}
-    for layout in space.layouts:
-        alone = dataclasses.replace(space, layouts=(layout,))
-        out[layout.describe()] = ps.exhaustive(model, chip, workload, alone, tgt,
-                                               objective).objective_value
-    return out
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep", nargs="+", default=["1", "2", "none"])
@@ -54,7 +42,7 @@ def main(argv=None):
     for row in LAYOUT_SCENARIOS:
         model, chip, workload, space, tgt, objective = layout_case(*row)
         best = ps.exhaustive(model, chip, workload, space, tgt, objective)
-        layouts = per_layout_best(model, chip, workload, space, tgt, objective)
+        layouts = best.per_layout
         out = {"scenario": f"{row[0]} on {row[2]} {row[1]}, ISL/OSL {row[3][0]}/{row[3][1]}, "
                            f"{row[4]}, {row[5]}",
                "layouts": len(space.layouts), "designs": space.size,

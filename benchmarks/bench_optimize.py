@@ -5,17 +5,19 @@ Grid mode (default): runs `perfmodel.search.optimize` (its default schedule unle
 `--steps`/`--blocks`) and `perfmodel.search.exhaustive` on DeepSeek-R1 served by 8 Jalapeno
 chips (ISL 8192, OSL 1024, TPOT <= 10 ms, power <= 550 W per chip), on grids whose
 concurrency and power-cap axes are refined until each holds at least the requested number
-of designs, and prints wall times: cold (the first call for that grid in this process, with
-no persistent compilation cache: tracing and compilation included) and warm (best of
-`--repeats` calls in a row with compiled kernels), and the objective each finds.
+of designs, and prints times: cold (the first call for that grid in this process, with no
+persistent compilation cache: tracing and compilation included; wall and CPU seconds) and
+warm (best wall time of `--repeats` calls in a row with compiled kernels), and the
+objective each finds.
 
 CLI mode (`--cli`): times `perfmodel optimize` on the README example (13 layouts, 758k
 designs) in fresh processes, first with an empty persistent compilation cache (cold), then
 with the cache that run filled (warm cache), with and without `--check-exhaustive`; wall
 and CPU seconds (user + system: what a busy host stretches least).
 
-`--compile-options default` compiles with XLA's default options instead of
-`perfmodel.search.compile.CPU_OPTIONS` (the figure that justifies them).
+`--compile-options default` compiles both kernels with XLA's default options, and
+`--compile-options O1` the search kernel with `perfmodel.search.compile.SEARCH_OPTIONS` at
+LLVM -O1 instead of -O0: the figures that justify those options.
 
     python benchmarks/bench_optimize.py [--min-points 100000 1000000] [--layouts 2]
         [--steps 24 --blocks 4] [--keep-layouts 1|all] [--compile-options default]
@@ -78,8 +80,10 @@ def main(argv=None):
                         help="augmented-Lagrangian blocks (default: optimize's)")
     parser.add_argument("--keep-layouts", default=None, metavar="N|all",
                         help="layouts hardened after the screen (default: optimize's)")
-    parser.add_argument("--compile-options", choices=("search", "default"), default="search",
-                        help="the search's XLA:CPU compile options, or XLA's defaults")
+    parser.add_argument("--compile-options", choices=("search", "O1", "default"),
+                        default="search",
+                        help="perfmodel.search.compile's XLA:CPU options, those with the "
+                             "search kernel at LLVM -O1, or XLA's defaults")
     parser.add_argument("--cli", action="store_true",
                         help="time the command line on the README example instead")
     parser.add_argument("--json", action="store_true")
@@ -121,15 +125,16 @@ def grid(model, chip, workload, layouts, min_points):
 
 
 def timed(run, repeats):
-    start = time.perf_counter()
+    """(result, cold wall s, cold CPU s, best warm wall s)."""
+    start, cpu = time.perf_counter(), time.process_time()
     result = run()
-    cold = time.perf_counter() - start
+    cold, cold_cpu = time.perf_counter() - start, time.process_time() - cpu
     warm = []
     for _ in range(repeats):
         start = time.perf_counter()
         result = run()
         warm.append(time.perf_counter() - start)
-    return result, cold, min(warm)
+    return result, cold, cold_cpu, min(warm)
 
 
 def grids(args) -> list[dict]:
@@ -139,6 +144,11 @@ def grids(args) -> list[dict]:
     import perfmodel as pm
     from perfmodel import search as ps
 
+    if args.compile_options == "O1":
+        from perfmodel.search import compile as compilation
+
+        compilation.SEARCH_OPTIONS = dict(compilation.SEARCH_OPTIONS,
+                                          xla_backend_optimization_level=1)
     model, chip = pm.get_model("deepseek-r1"), pm.get_chip("jalapeno")
     workload = pm.Workload(8192, 1024)
     tgt = ps.targets(max_tpot_ms=10, max_power_w=550)
@@ -159,8 +169,8 @@ def grids(args) -> list[dict]:
                     keep_layouts=keep, throw=False),
                 "exhaustive": lambda s=space: ps.exhaustive(model, chip, workload, s, tgt)}
         for name, run in runs.items():
-            result, cold, warm = timed(run, args.repeats)
-            row[name] = {"cold_s": cold, "warm_s": warm,
+            result, cold, cold_cpu, warm = timed(run, args.repeats)
+            row[name] = {"cold_s": cold, "cold_cpu_s": cold_cpu, "warm_s": warm,
                          "objective_value": result.objective_value,
                          "evaluations": getattr(result, "evaluations", None)
                          or getattr(result, "points", None)}
@@ -170,11 +180,12 @@ def grids(args) -> list[dict]:
         if not args.json:
             g, e = row["gradient"], row["exhaustive"]
             print(f"{space.size:>9,} designs, {len(space.layouts)} layouts: gradient "
-                  f"{g['cold_s']:.1f} s cold / {1e3 * g['warm_s']:.1f} ms warm "
-                  f"(objective {g['objective_value']:.1f}, {g['evaluations']} exact "
-                  f"evaluations); exhaustive {e['cold_s']:.1f} s / {1e3 * e['warm_s']:.1f} ms "
-                  f"(objective {e['objective_value']:.1f}); speed-up cold "
-                  f"{row['speedup_cold']:.2f}x, warm {row['speedup_warm']:.1f}x", flush=True)
+                  f"{g['cold_s']:.1f} s cold ({g['cold_cpu_s']:.1f} s CPU) / "
+                  f"{1e3 * g['warm_s']:.1f} ms warm (objective {g['objective_value']:.1f}, "
+                  f"{g['evaluations']} exact evaluations); exhaustive {e['cold_s']:.1f} s "
+                  f"({e['cold_cpu_s']:.1f} s CPU) / {1e3 * e['warm_s']:.1f} ms (objective "
+                  f"{e['objective_value']:.1f}); speed-up cold {row['speedup_cold']:.2f}x, "
+                  f"warm {row['speedup_warm']:.1f}x", flush=True)
     return rows
 
 

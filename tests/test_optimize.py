@@ -456,9 +456,15 @@ def test_many_layouts_in_one_kernel():
         assert set(result.layout_weights) == {x.describe() for x in space.layouts}
         assert sum(result.layout_weights.values()) == pytest.approx(1.0)
         assert result.feasible == best.feasible, limits
+        # Enumeration's per-layout optima: the best of them is its optimum.
+        assert set(best.per_layout) == set(result.layout_weights)
         if best.feasible:
+            assert max(v for v in best.per_layout.values() if v is not None) == \
+                pytest.approx(best.objective_value, rel=1e-12)
             assert result.objective_value >= 0.98 * best.objective_value, (
                 limits, result.design, best.design)
+        else:
+            assert all(v is None for v in best.per_layout.values())
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from ..hardware import Chip
 from ..workload import Workload
 from .compile import enumeration_kernel
 from .evaluate import FEASIBLE_TOL, Problem, problem
-from .space import CONSTRAINTS, GridIndex, Space, Targets, tables
+from .space import CONSTRAINTS, OBJECTIVES, GridIndex, Space, Targets, tables
 
 #: Designs per vmapped evaluation.
 CHUNK = 4096
@@ -50,6 +50,8 @@ class ExhaustiveResult:
     closest: dict | None = None
     """When nothing is feasible: the design with the smallest total violation and its
     violations."""
+    per_layout: dict = dataclasses.field(default_factory=dict)
+    """Per layout (by `describe()`): the best feasible objective value, None if none."""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -136,15 +138,25 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
     best = int(np.argmax([float(r[0]) for r in results]))
     k = work[best][0]
     _, number, value, g = results[best]
+    better = max if OBJECTIVES[objective][1] else min
+    per_layout = {}
+    for (layout, _), (_, _, v, g_layout) in zip(work, results, strict=True):
+        name = space.layouts[layout].describe()
+        old = per_layout.get(name)
+        if np.all(g_layout <= FEASIBLE_TOL):
+            per_layout[name] = float(v) if old is None else better(old, float(v))
+        else:
+            per_layout.setdefault(name, None)
     index = GridIndex(*np.unravel_index(int(number), jax.tree_util.tree_leaves(sizes)))
     described = index.describe(space, chip, space.layouts[k])
     points = len(space.layouts) * total
     wall = time.perf_counter() - start
     if np.all(g <= FEASIBLE_TOL):
         return ExhaustiveResult(design=described, objective_value=float(value), feasible=True,
-                                points=points, wall_s=wall)
+                                points=points, wall_s=wall, per_layout=per_layout)
     violations = {name: float(g[i]) for i, name in enumerate(CONSTRAINTS)
                   if g[i] > FEASIBLE_TOL}
     return ExhaustiveResult(design=None, objective_value=None, feasible=False, points=points,
                             wall_s=wall, closest={"design": described,
-                                                  "violations": violations})
+                                                  "violations": violations},
+                            per_layout=per_layout)
