@@ -42,6 +42,22 @@ from .roofline import step_cost
 from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
 from .workload import Workload
 
+#: Each `Metrics` field's column name in rows, tables and CSV files (`Metrics.to_row`); a
+#: suffix gives the unit where the field has one.
+COLUMNS = {
+    "concurrency": "concurrency", "throughput_per_chip": "tput_per_chip",
+    "interactivity": "interactivity", "ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s",
+    "power_per_chip": "power_w", "tok_s_per_kw_tdp": "tok_s_per_kw_tdp",
+    "j_per_output_token": "j_per_output_token",
+    "input_throughput_per_chip": "input_tput_per_chip",
+    "output_throughput_per_chip": "output_tput_per_chip",
+    "tok_s_per_mw_allin": "tok_s_per_mw_allin", "p99_ttft": "p99_ttft_s",
+    "p99_tpot": "p99_tpot_s", "running_batch": "running_batch", "max_batch": "max_batch",
+    "memory_excess": "memory_excess", "memory_penalty": "memory_penalty", "fits": "fits",
+    "decode_step": "decode_step_s", "prefill_fraction": "prefill_fraction",
+    "throttle": "throttle", "steady": "steady"}
+
+#: The headline columns (a subset of `COLUMNS`' names).
 METRIC_KEYS = ("concurrency", "tput_per_chip", "interactivity", "ttft_s", "tpot_s", "e2e_s",
                "power_w", "tok_s_per_kw_tdp", "j_per_output_token")
 
@@ -94,25 +110,11 @@ class Metrics(eqx.Module):
     open-loop `request_rate`, whether the fixed point c = rate x E2E(c) was found (False:
     arrivals exceed what the design serves, and the queue grows)."""
 
-    def as_dict(self) -> dict:
-        """The `perfmodel pareto` keys (floats for scalars)."""
-        return {k: (v.tolist() if hasattr(v, "tolist") else v)
-                for k, v in self.arrays().items()}
-
-    def arrays(self) -> dict:
-        """The `perfmodel pareto` keys, values as they are (traceable: a kernel can return
-        this plain dict instead of the module)."""
-        return {
-            "concurrency": self.concurrency, "tput_per_chip": self.throughput_per_chip,
-            "interactivity": self.interactivity, "ttft_s": self.ttft, "tpot_s": self.tpot,
-            "e2e_s": self.e2e, "power_w": self.power_per_chip,
-            "tok_s_per_kw_tdp": self.tok_s_per_kw_tdp,
-            "j_per_output_token": self.j_per_output_token,
-            "input_tput_per_chip": self.input_throughput_per_chip,
-            "output_tput_per_chip": self.output_throughput_per_chip,
-            "tok_s_per_mw_allin": self.tok_s_per_mw_allin, "p99_ttft_s": self.p99_ttft,
-            "p99_tpot_s": self.p99_tpot, "running_batch": self.running_batch,
-            "max_batch": self.max_batch, "fits": self.fits}
+    def to_row(self, prefix: str = "") -> dict:
+        """Every field under its column name (`COLUMNS`), each name preceded by `prefix`;
+        values as they are, so a kernel can return the dict. The one vocabulary of every
+        command's rows, tables and CSV files."""
+        return {prefix + key: getattr(self, name) for name, key in COLUMNS.items()}
 
 
 class _Phase(eqx.Module):

@@ -32,7 +32,7 @@ from .design import Design, Layout, Precision, Runtime, SliceMapping, SpecDecode
 from .hardware import Chip
 from .kvcache import max_batch
 from .presets import get_chip, get_model
-from .serving import METRIC_KEYS, Metrics, predict
+from .serving import COLUMNS, METRIC_KEYS, Metrics, predict
 from .smooth import DEFAULT_SHARPNESS
 from .workload import Workload
 
@@ -46,9 +46,9 @@ _PREFERENCE = ("fp4", "fp8", "int8", "bf16")
 CHIP_SPECS: tuple[str, ...] = ("peak_flops", "hbm_bandwidth", "hbm_capacity", "slice_bandwidth",
                                "scale_up.bandwidth", "scale_out.bandwidth", "tdp", "idle_power")
 
-#: Per-point values a `Sweep` keeps, beyond `serving.METRIC_KEYS`.
-EXTRA_KEYS = ("input_tput_per_chip", "output_tput_per_chip", "tok_s_per_mw_allin", "p99_ttft_s",
-              "p99_tpot_s", "running_batch", "max_batch", "prefill_fraction", "throttle")
+#: Per-point values a `Sweep`'s rows carry beyond `serving.METRIC_KEYS`: the other
+#: `serving.COLUMNS` (the points kept all fit, so `fits` says nothing there).
+EXTRA_KEYS = tuple(k for k in COLUMNS.values() if k not in METRIC_KEYS and k != "fits")
 
 
 def _resolve(model: Model | str, chip: Chip | str) -> tuple[Model, Chip]:
@@ -302,7 +302,7 @@ class Sweep:
         out = []
         for i in index:
             layout = self.layouts[int(self.layout_index[i])]
-            row = {key: float(self.values[key][i]) for key in METRIC_KEYS + EXTRA_KEYS}
+            row = {key: self.values[key][i].item() for key in METRIC_KEYS + EXTRA_KEYS}
             row.update(layout=layout.describe(), tp=layout.tp, ep=layout.ep, pp=layout.pp,
                        dp_attention=layout.dp_attention, replicas=layout.replicas,
                        chips=layout.chips, precision="/".join(self.precision))
@@ -356,20 +356,10 @@ _evaluate_jit = eqx.filter_jit(_evaluate)
 
 
 def _values(metrics: Metrics, replicas: int) -> dict:
-    get = lambda x: np.asarray(x, dtype=float)
-    return {
-        "concurrency": get(metrics.concurrency) * replicas,
-        "tput_per_chip": get(metrics.throughput_per_chip),
-        "interactivity": get(metrics.interactivity), "ttft_s": get(metrics.ttft),
-        "tpot_s": get(metrics.tpot), "e2e_s": get(metrics.e2e),
-        "power_w": get(metrics.power_per_chip), "tok_s_per_kw_tdp": get(metrics.tok_s_per_kw_tdp),
-        "j_per_output_token": get(metrics.j_per_output_token),
-        "input_tput_per_chip": get(metrics.input_throughput_per_chip),
-        "output_tput_per_chip": get(metrics.output_throughput_per_chip),
-        "tok_s_per_mw_allin": get(metrics.tok_s_per_mw_allin), "p99_ttft_s": get(metrics.p99_ttft),
-        "p99_tpot_s": get(metrics.p99_tpot), "running_batch": get(metrics.running_batch),
-        "max_batch": get(metrics.max_batch), "prefill_fraction": get(metrics.prefill_fraction),
-        "throttle": get(metrics.throttle), "fits": np.asarray(metrics.fits, dtype=bool)}
+    """`metrics.to_row()` as NumPy arrays, with the concurrency of all `replicas`."""
+    values = {k: np.asarray(v) for k, v in metrics.to_row().items()}
+    values["concurrency"] = values["concurrency"] * replicas
+    return values
 
 
 def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None, *,

@@ -6,6 +6,8 @@ relative (not bit-exact), far below any modelling tolerance yet far above roundi
 
 from __future__ import annotations
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ import perfmodel as pm
 from perfmodel.kvcache import kv_growth, weight_bytes_per_chip
 from perfmodel.power import apply_power_cap, dynamic_energy
 from perfmodel.roofline import operator_time
+from perfmodel.serving import COLUMNS
 
 RTOL = 1e-10
 
@@ -35,8 +38,10 @@ def test_predict_jit_matches_eager(name):
     eager = pm.predict(model, chip, workload, design)
     jitted = pm.predict_jit(model, chip, workload, design)
     _assert_trees_close(eager, jitted)
-    # The CLI's dictionary view agrees too (floats, same keys).
-    assert eager.as_dict().keys() == jitted.as_dict().keys()
+    # Every field has one column name (the vocabulary of rows and CSV files).
+    assert set(eager.to_row()) == set(COLUMNS.values())
+    assert {f.name for f in dataclasses.fields(pm.Metrics)} == set(COLUMNS)
+    assert set(eager.to_row("pred_")) == {"pred_" + k for k in COLUMNS.values()}
 
 
 def test_predict_open_loop_jit_matches_eager():

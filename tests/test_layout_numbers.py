@@ -101,10 +101,10 @@ def test_numbers_predict_as_the_static_layout(name, hard, vectorize):
         return pm.predict(model, chip, workload, _with(design, layout), hard=hard,
                           vectorize=vectorize)
 
-    batched = jax.jit(jax.vmap(lambda n: predict(n).arrays()))(_stack(layouts))
+    batched = jax.jit(jax.vmap(lambda n: predict(n).to_row()))(_stack(layouts))
     for i, layout in enumerate(layouts):
-        static = predict(layout).as_dict()
-        numbers = predict(layout.numbers()).as_dict()
+        static = predict(layout).to_row()
+        numbers = predict(layout.numbers()).to_row()
         for key, value in static.items():
             err = f"{layout.describe()} {key}"
             assert np.all(np.isfinite(value)), err

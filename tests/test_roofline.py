@@ -189,8 +189,8 @@ def test_vectorized_operators_match_the_loop(case, hard):
     model, chip, workload, design = _vectorize_cases()[case]
     loop, vec = (pm.predict(model, chip, workload, design, hard=hard, vectorize=v)
                  for v in (False, True))
-    for key, value in loop.as_dict().items():
-        np.testing.assert_allclose(vec.as_dict()[key], value, rtol=1e-12, err_msg=key)
+    for key, value in loop.to_row().items():
+        np.testing.assert_allclose(vec.to_row()[key], value, rtol=1e-12, err_msg=key)
     if hard:
         return
 

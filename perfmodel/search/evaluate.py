@@ -38,7 +38,7 @@ class Evaluation(eqx.Module):
     value: jnp.ndarray
     """The objective in its own units."""
     metrics: dict
-    """`Metrics.arrays()` of the design."""
+    """`Metrics.to_row()` of the design."""
 
     @property
     def rank(self) -> jnp.ndarray:
@@ -128,7 +128,7 @@ def _evaluate(prob: Problem, layout, choice: Choice, hard: bool, vectorize: bool
     measured = jnp.stack([metrics.tpot, metrics.ttft, metrics.e2e, metrics.power_per_chip,
                           metrics.memory_excess + 1.0, quality])
     return Evaluation(score=score, g=measured / prob.targets.limits() - 1.0, value=value,
-                      metrics=metrics.arrays())
+                      metrics=metrics.to_row())
 
 
 def objective_value(objective: str, metrics, tgt: Targets):

@@ -117,7 +117,7 @@ def relaxed_evaluate(model: Model, chip: Chip, workload: Workload, layout, space
     Returns:
         (score, g, metrics): score = +-log(objective) (larger is better), g the
         dimensionless constraint ratios in `CONSTRAINTS` order (<= 0 is met), metrics
-        `Metrics.arrays()`.
+        `Metrics.to_row()`.
 
     Raises:
         ValueError: an unknown objective or specs of the wrong type (before tracing).
