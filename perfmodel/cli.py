@@ -1,6 +1,6 @@
 """The `perfmodel` command line: `perfmodel <command> [options]`.
 
-Subcommands live in `perfmodel/commands/`, one module per name in `_COMMANDS`, each with a
+Subcommands live in `perfmodel/commands/`, one module per command in `_COMMANDS`, each with a
 `register(subparsers)` that adds its parser and `set_defaults(func=...)`. Errors (bad names,
 values, a model that does not fit) print one line, ``perfmodel: error: ...``, to stderr and
 exit with status 2; never a traceback.
@@ -17,8 +17,10 @@ import importlib
 import os
 import sys
 
-#: Modules of `perfmodel.commands` that provide subcommands, in help order.
-_COMMANDS = ("pareto", "compare", "predict", "optimize")
+#: Subcommands, in help order, and the module of `perfmodel.commands` that provides each
+#: (`list` would shadow the builtin inside the package).
+_COMMANDS = {"pareto": "pareto", "compare": "compare", "predict": "predict",
+             "optimize": "optimize", "list": "catalog"}
 
 
 class _UsageError(Exception):
@@ -33,15 +35,34 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
+class _Version(argparse.Action):
+    """--version: print `version()` on one line (argparse's own action wraps it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every subcommand of `_COMMANDS` registered."""
     parser = _Parser(prog="perfmodel",
                      description="Differentiable performance model of LLM inference.")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version and the fitted parameters' versions, exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                        parser_class=_Parser)
-    for name in _COMMANDS:
-        importlib.import_module(f"perfmodel.commands.{name}").register(subparsers)
+    for module in _COMMANDS.values():
+        importlib.import_module(f"perfmodel.commands.{module}").register(subparsers)
     return parser
+
+
+def version() -> str:
+    """"perfmodel X.Y.Z (fitted parameters: fitted_params.json vN of DATE, ...)"."""
+    from .commands import versions
+
+    v = versions()
+    return (f"perfmodel {v['perfmodel_version']} (fitted parameters: {v['fitted_latency']}, "
+            f"{v['fitted_power']})")
 
 
 def _fail(message: str) -> int:
@@ -94,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(error)
     except BrokenPipeError:   # `perfmodel pareto | head`
         return 0
+    except OSError as error:   # a file that went away or filled the disk mid-run
+        where = f"{error.filename}: " if error.filename else ""
+        return _fail(f"{where}{error.strerror or error}")
 
 
 if __name__ == "__main__":

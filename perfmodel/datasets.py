@@ -57,7 +57,8 @@ def read_table(path: str | os.PathLike, required: tuple[str, ...] = ()) -> Table
     """Read a CSV file, checking the header has every `required` column.
 
     Raises:
-        DataError: missing file, empty file, ragged row or missing column, naming them.
+        DataError: missing or unreadable file, a folder, text that is not UTF-8, empty
+            file, ragged row or missing column, naming them.
 
     Example:
         >>> import tempfile, pathlib
@@ -67,15 +68,32 @@ def read_table(path: str | os.PathLike, required: tuple[str, ...] = ()) -> Table
         '2'
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise DataError(f"{path}: is a folder, not a CSV file")
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
-    with open(path, newline="") as handle:
+    try:
+        return _read_table(path, required)
+    except UnicodeDecodeError as error:
+        byte = error.object[error.start:error.start + 1]
+        raise DataError(f"{path}: not UTF-8 text (byte {error.start} is {byte!r}); a CSV "
+                        "file was expected") from None
+    except OSError as error:
+        raise DataError(f"{path}: cannot be read ({error.strerror})") from None
+
+
+def _read_table(path: str, required: tuple[str, ...]) -> Table:
+    with open(path, newline="", encoding="utf-8") as handle:
         reader = csv.reader(handle)
         try:
             header = next(reader)
         except StopIteration:
             raise DataError(f"{path}: empty file (no header line)") from None
         header = [h.strip() for h in header]
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:
+            raise DataError(f"{path}, line 1: column(s) {', '.join(map(repr, twice))} appear "
+                            "more than once; keep one of each")
         missing = [c for c in required if c not in header]
         if missing:
             raise DataError(f"{path}, line 1: missing column(s) {', '.join(map(repr, missing))}")

@@ -374,6 +374,11 @@ def find_model(name: str, label: bool = False) -> Model:
     return from_hf_config(config, name=base)
 
 
+def model_aliases(name: str) -> tuple[str, ...]:
+    """The other names a model preset answers to (Hugging Face ids among them)."""
+    return _MODELS[model_key(name)][1]
+
+
 def model_info(name: str) -> dict:
     """The preset's data row (with its source)."""
     return dict(_model_rows()[_MODELS[model_key(name)][0]])

@@ -60,7 +60,14 @@ def test_pareto_json_front_on_every_chip(capsys, model_name, chip_name):
                           "--format", "json")
     assert code == 0, err
     assert err == ""
-    _check_front(json.loads(out), chip_name)
+    data = json.loads(out)
+    _check_front(data["rows"], chip_name)
+    # A saved result names what it was computed from.
+    inputs = data["inputs"]
+    assert (inputs["model"], inputs["chip"]) == (pm.get_model(model_name).name,
+                                                 pm.get_chip(chip_name).name)
+    assert (inputs["isl"], inputs["osl"]) == (8192, 1024)
+    assert inputs["perfmodel_version"] and "fitted_params.json" in inputs["fitted_latency"]
 
 
 def test_fast_subset_is_in_the_matrix():
@@ -86,10 +93,14 @@ def test_csv_matches_json(capsys):
     code, out_json, _ = _run(capsys, *argv, "--format", "json")
     code_csv, out_csv, _ = _run(capsys, *argv, "--format", "csv")
     assert code == code_csv == 0
-    rows = json.loads(out_json)
+    data = json.loads(out_json)
+    rows = data["rows"]
     table = list(csv.DictReader(io.StringIO(out_csv)))
     assert len(table) == len(rows)
     for a, b in zip(rows, table, strict=True):
+        # Every CSV row carries the inputs, as the JSON does once.
+        for key in ("model", "chip", "isl", "osl", "precision", "engine", "fitted_power"):
+            assert b[key] == str(data["inputs"][key]), key
         assert a["layout"] == b["layout"] and a["chips"] == 2
         assert float(b["tput_per_chip"]) == pytest.approx(a["tput_per_chip"], rel=1e-12)
         assert a["precision"] == "fp8/fp8/bf16"   # weights/experts/KV

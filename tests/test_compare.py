@@ -75,7 +75,9 @@ def test_cli_acceptance_reported_json(capsys):
     cores; in CI since a NaN in the inferred fit broke it unnoticed while it was marked
     slow), with finite inferred values."""
     assert main(["compare", "--reported", "--format", "json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    data = json.loads(capsys.readouterr().out)
+    rows = data["rows"]
+    assert data["inputs"]["chip"] == "jalapeno" and data["inputs"]["isl"] == 8192
     pairs = {(r["model"], r["baseline"], r["mode"]) for r in rows}
     for model, baseline, _, _ in cmp.PAIRS:
         for mode in ("predicted", "inferred"):

@@ -592,6 +592,10 @@ def test_cli_json(capsys, groups):
                 "multipliers", "relaxed_metrics", "wall_s", "exhaustive", "result"):
         assert key in out
     assert out["result"] == "successful"
+    # The saved result names what it was computed from.
+    inputs = out["inputs"]
+    assert (inputs["model"], inputs["chip"], inputs["chips"]) == ("llama-3.1-8b", "h200", 1)
+    assert inputs["targets"] == {"max_tpot_ms": 8.0} and inputs["osl"] == 256
     assert set(out["exhaustive"]) >= {"design", "objective_value", "points", "wall_s"}
     assert out["objective_value"] >= 0.98 * out["exhaustive"]["objective_value"]
     assert out["metrics"]["tpot_s"] <= 0.008

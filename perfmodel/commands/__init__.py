@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import math
+import os
 
 FORMATS = ("table", "json", "csv")
 
@@ -48,9 +49,25 @@ def add_spec_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
                              "the narrowest format the chip computes natively")
 
 
-def add_format_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=FORMATS, default="table",
+def add_format_arg(parser: argparse.ArgumentParser, formats: tuple = FORMATS) -> None:
+    """--format, offering only the `formats` the command writes."""
+    parser.add_argument("--format", choices=formats, default="table",
                         help="output format (default table)")
+
+
+def check_output(path: str, option: str) -> None:
+    """Raise ValueError, naming `option`, unless `path` can be written: not a folder, in a
+    folder that exists and is writable, and not a read-only file. Commands call it before
+    any work, so a bad path costs nothing."""
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path!r} is a folder; give a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {path!r}: the folder {folder!r} does not exist")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{option} {path!r}: the file is not writable")
+    if not os.path.exists(path) and not os.access(folder, os.W_OK):
+        raise ValueError(f"{option} {path!r}: the folder {folder!r} is not writable")
 
 
 def check_lengths(isl: int, osl: int) -> None:
@@ -95,14 +112,40 @@ def _format(value, spec: str) -> str:
     return f"{value:.{decimals}f}"
 
 
-def render(rows: list[dict], fmt: str, columns) -> str:
-    """Rows as an aligned table, a JSON list or CSV.
+def versions() -> dict:
+    """The perfmodel version and those of the fitted parameters it predicts with."""
+    from importlib import metadata
+
+    from .. import fitted
+
+    try:
+        number = metadata.version("perfmodel")
+    except metadata.PackageNotFoundError:   # a source tree that was not installed
+        number = "unknown"
+    latency, power = fitted.read(fitted.LATENCY_FILE), fitted.read(fitted.POWER_FILE)
+    return {"perfmodel_version": number,
+            "fitted_latency": f"{fitted.LATENCY_FILE} v{latency.get('version', '?')} of "
+                              f"{latency.get('date', '?')}",
+            "fitted_power": f"{fitted.POWER_FILE} v{power.get('version', '?')}"}
+
+
+def provenance(**inputs) -> dict:
+    """What a saved result was computed from: the command's `inputs` (model, chip, lengths,
+    targets, ...) and `versions()`."""
+    return {**inputs, **versions()}
+
+
+def render(rows: list[dict], fmt: str, columns, inputs: dict | None = None) -> str:
+    """Rows as an aligned table, JSON or CSV.
 
     Args:
         rows: dicts of plain values.
         fmt: one of `FORMATS`.
         columns: (key, header, format spec) triples for the table, where the spec "sig"
             prints four significant digits; JSON and CSV carry every key of the rows.
+        inputs: what the rows were computed from (`provenance`): JSON is then an object
+            {"inputs": ..., "rows": [...]} and every CSV row starts with these columns
+            (nested values as JSON), so a saved file describes itself. None: a JSON list.
 
     Raises:
         ValueError: a non-finite number in a row (never printed as NaN).
@@ -111,8 +154,13 @@ def render(rows: list[dict], fmt: str, columns) -> str:
         raise ValueError(f"unknown format {fmt!r}; valid formats: {', '.join(FORMATS)}")
     _check_finite(rows)
     if fmt == "json":
-        return json.dumps(rows, indent=1, allow_nan=False)
+        data = rows if inputs is None else {"inputs": inputs, "rows": rows}
+        return json.dumps(data, indent=1, allow_nan=False)
     if fmt == "csv":
+        if inputs:
+            flat = {k: json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
+                    for k, v in inputs.items()}
+            rows = [{**flat, **row} for row in rows]
         out = io.StringIO()
         keys = list(rows[0]) if rows else [key for key, _, _ in columns]
         writer = csv.DictWriter(out, fieldnames=keys, lineterminator="\n")
@@ -123,5 +171,9 @@ def render(rows: list[dict], fmt: str, columns) -> str:
     for row in rows:
         cells.append([_format(row[key], spec) for key, _, spec in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    # Text columns read best flush left, numbers flush right.
+    left = [spec == "s" for _, _, spec in columns]
+    lines = ["  ".join(c.ljust(w) if lj else c.rjust(w)
+                       for c, w, lj in zip(r, widths, left, strict=True)).rstrip()
+             for r in cells]
     return "\n".join(lines)

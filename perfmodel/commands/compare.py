@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_format_arg, check_lengths, render
+from . import add_format_arg, check_lengths, provenance, render
 
 #: Table columns: (row key, header, format).
 COLUMNS = (
@@ -88,5 +88,9 @@ def run(args) -> int:
                   f"{r['inferred_hbm_capacity'] / 1e9:.0f} GB, {r['inferred_num_slices']:.1f} "
                   f"slices, matmul efficiency {r['inferred_compute_max']:.2f}")
     else:
-        print(render(rows, args.format, columns))
+        inputs = provenance(command="compare", models=models, chip=chip,
+                            baselines=baselines or sorted({r["baseline"] for r in rows}),
+                            isl=args.isl, osl=args.osl, modes=list(modes),
+                            reported=bool(args.reported))
+        print(render(rows, args.format, columns, inputs=inputs))
     return 0

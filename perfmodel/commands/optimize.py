@@ -94,7 +94,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                              "every layout")
     parser.add_argument("--check-exhaustive", action="store_true",
                         help="also enumerate the whole grid and report its best design")
-    add_format_arg(parser)
+    add_format_arg(parser, ("table", "json"))
     parser.set_defaults(func=run)
     return parser
 
@@ -103,7 +103,7 @@ def _result(args):
     from ..presets import find_model, get_chip
     from ..search import design_space, exhaustive, optimize, targets
     from ..workload import Workload
-    from . import check_lengths
+    from . import check_lengths, provenance
 
     model, chip = find_model(args.model), get_chip(args.chip)
     check_lengths(args.isl, args.osl)
@@ -131,6 +131,16 @@ def _result(args):
     result = optimize(model, chip, workload, space, tgt, args.objective, throw=False,
                       **schedule)
     out = result.as_dict()
+    limits = ("max_tpot_ms", "min_interactivity", "max_ttft_ms", "max_e2e_s", "max_power_w",
+              "max_deployment_power_kw", "max_quality_loss", "usd_per_chip_hour",
+              "usd_per_kwh")
+    out["inputs"] = provenance(
+        command="optimize", model=model.name, chip=chip.name, chips=args.chips, isl=args.isl,
+        osl=args.osl, objective=args.objective,
+        targets={k: getattr(args, k) for k in limits if getattr(args, k) is not None},
+        formats={k: list(v) for k, v in formats.items()},
+        placements={k: list(v) for k, v in placements.items()},
+        power_caps=list(args.power_caps), disaggregated=args.disaggregated)
     out["grid_points"] = space.size
     if args.check_exhaustive:
         ex = exhaustive(model, chip, workload, space, tgt, args.objective)
@@ -211,8 +221,6 @@ def run(args) -> int:
     out = _clean(_result(args))
     if args.format == "json":
         print(json.dumps(out, indent=1, allow_nan=False))
-    elif args.format == "csv":
-        raise ValueError("--format csv is not available for optimize; use table or json")
     else:
         print(_table(out))
     return 0

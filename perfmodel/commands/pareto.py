@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_format_arg, add_spec_args, positive_int, render, resolve
+from . import add_format_arg, add_spec_args, check_output, positive_int, provenance, render, resolve
 
 #: Table columns: (row key, header, format).
 COLUMNS = (
@@ -38,19 +38,26 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..sweep import sweep
+    from ..sweep import default_runtime, sweep
     from ..workload import Workload
 
     model, chip, fmt = resolve(args)
-    if args.plot is not None and not args.plot.lower().endswith((".png", ".pdf", ".svg")):
-        raise ValueError(f"--plot {args.plot!r}: the file name must end in .png, .pdf or .svg")
+    if args.plot is not None:
+        if not args.plot.lower().endswith((".png", ".pdf", ".svg")):
+            raise ValueError(f"--plot {args.plot!r}: the file name must end in .png, .pdf "
+                             "or .svg")
+        check_output(args.plot, "--plot")
     result = sweep(model, chip, Workload(args.isl, args.osl), chips=args.chips, precision=fmt)
     rows = result.rows()
     if args.format == "table":
         shown = [dict(row, tpot_ms=row["tpot_s"] * 1e3) for row in rows]
     else:
         shown = rows
-    text = render(shown, args.format, COLUMNS)
+    inputs = provenance(command="pareto", model=result.model, chip=result.chip,
+                        chips=result.chips, isl=args.isl, osl=args.osl,
+                        precision="/".join(result.precision),
+                        engine=str(default_runtime(chip).framework))
+    text = render(shown, args.format, COLUMNS, inputs=None if args.format == "table" else inputs)
     if args.format == "table":
         print(f"# {result.model} on {result.chips} x {result.chip}, weights/experts/kv "
               f"{'/'.join(result.precision)}, ISL {args.isl} OSL {args.osl}: "

@@ -17,6 +17,7 @@ import sys
 
 from ..calibrate import PREDICTION_KEYS, predict_rows
 from ..datasets import INFERENCEMAX_INPUTS, DataError, load_benchmarks, read_table
+from . import check_output
 
 #: Columns that mark a power_measurements.csv-style file.
 POWER_COLUMNS = ("num_gpus", "parallelism")
@@ -68,6 +69,8 @@ def predict_file(path: str) -> tuple[list[str], list[dict]]:
 
 
 def run(args) -> int:
+    if args.out != "-":
+        check_output(args.out, "--out")
     columns, rows = predict_file(args.input)
     handle = sys.stdout if args.out == "-" else open(args.out, "w", newline="")
     try:

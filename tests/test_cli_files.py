@@ -1,0 +1,128 @@
+"""The command line's files and catalogue: output paths checked before any work, input files
+that are not CSV text, formats a command cannot write, `--version` and `perfmodel list`."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import perfmodel as pm
+from perfmodel.cli import main
+from perfmodel.presets import find_model
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "calibration", "data")
+ROWS = os.path.join(DATA, "benchmarks_inferencemax.csv")
+
+
+def _cli(*argv, timeout=120):
+    """The installed command in a fresh process: (exit status, stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "perfmodel.cli", *argv], capture_output=True,
+                          text=True, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr
+
+
+def _one_line_error(err: str, *words):
+    assert err.count("\n") == 1 and err.startswith("perfmodel: error: "), err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def _no_work(monkeypatch):
+    """Make the expensive step of `predict` and `pareto` fail loudly if reached."""
+    import perfmodel.commands.predict as predict
+    import perfmodel.sweep as sweep
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the command started its work before checking the output path")
+
+    monkeypatch.setattr(predict, "predict_file", reached)
+    monkeypatch.setattr(sweep, "sweep", reached)
+
+
+@pytest.mark.parametrize("where", ["missing folder", "a folder", "read-only file"])
+def test_output_paths_are_checked_before_any_work(monkeypatch, tmp_path, capsys, where):
+    if where == "missing folder":
+        out = str(tmp_path / "nope" / "out.csv")
+    elif where == "a folder":
+        out = str(tmp_path)
+    else:
+        out = str(tmp_path / "locked.csv")
+        open(out, "w").close()
+        os.chmod(out, 0o444)
+        if os.access(out, os.W_OK):   # root ignores permissions
+            pytest.skip("running as a user that can write read-only files")
+    _no_work(monkeypatch)
+    assert main(["predict", ROWS, "--out", out]) == 2
+    _one_line_error(capsys.readouterr().err, "--out", out)
+    plot = out if where != "missing folder" else str(tmp_path / "nope" / "front.png")
+    if where == "a folder":
+        plot = str(tmp_path / "sub.png")
+        os.mkdir(plot)
+    if where == "read-only file":
+        plot = str(tmp_path / "locked.png")
+        open(plot, "w").close()
+        os.chmod(plot, 0o444)
+    assert main(["pareto", "--model", "llama-3.1-8b", "--chip", "h100", "--plot", plot]) == 2
+    _one_line_error(capsys.readouterr().err, "--plot", plot)
+
+
+def test_missing_output_folder_through_the_installed_command(tmp_path):
+    code, out, err = _cli("predict", ROWS, "--out", str(tmp_path / "nope" / "o.csv"))
+    assert code == 2 and out == ""
+    _one_line_error(err, "does not exist")
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"model,hardware\n\xff\xfe,h100\n", ("not UTF-8", "byte")),
+    (b"a,a,b\n1,2,3\n", ("'a'", "more than once")),
+])
+def test_bad_input_files_name_the_file(tmp_path, capsys, content, words):
+    path = tmp_path / "rows.csv"
+    path.write_bytes(content)
+    assert main(["predict", str(path)]) == 2
+    _one_line_error(capsys.readouterr().err, str(path), *words)
+
+
+def test_a_folder_as_input_is_named_as_such(tmp_path, capsys):
+    assert main(["predict", str(tmp_path)]) == 2
+    _one_line_error(capsys.readouterr().err, str(tmp_path), "folder")
+
+
+def test_optimize_offers_only_the_formats_it_writes(capsys):
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{table,json}" in text and "csv" not in text
+    assert main(["optimize", "--format", "csv"]) == 2   # refused before any work
+    _one_line_error(capsys.readouterr().err, "'csv'", "table", "json")
+
+
+def test_version():
+    code, out, err = _cli("--version")
+    assert code == 0 and err == ""
+    assert out.startswith("perfmodel ") and out.count("\n") == 1
+    assert "fitted_params.json v" in out and "fitted_power.json v" in out
+
+
+def test_list_models_chips_engines(capsys):
+    assert main(["list", "models", "--format", "json"]) == 0
+    models = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(pm.model_names()) <= set(models)
+    assert models["Qwen/Qwen3-8B"]["kind"] == "hugging face config"
+    assert all(r["source"] for r in models.values())
+    assert "openai/gpt-oss-120b" in models["gpt-oss-120b"]["aliases"]
+    # Every listed name is accepted as it is listed.
+    for name in models:
+        find_model(name)
+    assert main(["list", "chips", "--format", "json"]) == 0
+    chips = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(chips) == set(pm.chip_names()) and all(r["source"] for r in chips.values())
+    assert main(["list", "engines"]) == 0
+    table = capsys.readouterr().out
+    for name in ("vllm", "sglang", "trt", "mlenergy-vllm"):
+        assert f"\n{name} " in table
+    assert main(["list", "gpus"]) == 2
+    _one_line_error(capsys.readouterr().err, "'gpus'", "models", "chips", "engines")
