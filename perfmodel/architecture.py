@@ -44,6 +44,10 @@ class Model(eqx.Module):
     v_head_dim: int = eqx.field(static=True, default=0)
     sliding_window: int = eqx.field(static=True, default=0)
     """Window of local-attention layers (tokens); 0 = none."""
+    max_context: int = eqx.field(static=True, default=0)
+    """Longest sequence, prompt plus output (tokens), of the released configuration
+    (`max_position_embeddings`); 0 = unknown. The command line refuses longer requests
+    unless asked; the model itself does not limit them."""
     num_sliding_layers: int = eqx.field(static=True, default=0)
     num_experts: int = eqx.field(static=True, default=0)
     experts_per_token: int = eqx.field(static=True, default=0)
@@ -260,6 +264,8 @@ def from_hf_config(config: dict | str | os.PathLike, name: str | None = None) ->
         name=name or str(_get(cfg, "_name_or_path", default=model_type or "model")),
         num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, vocab=vocab,
+        max_context=int(_get(cfg, "max_position_embeddings", "n_positions", "max_seq_len",
+                             default=0) or 0),
         tied_embeddings=bool(_get(cfg, "tie_word_embeddings",
                                   default=model_type in _TIED_BY_DEFAULT)),
         gated_mlp=model_type not in _NON_GATED_MLP)

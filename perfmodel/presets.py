@@ -12,6 +12,7 @@ import csv
 import difflib
 import functools
 import json
+import os
 import re
 from importlib import resources
 
@@ -290,6 +291,7 @@ def _build_model(key: str) -> Model:
     kwargs = dict(name=key, num_layers=layers, hidden=hidden, num_heads=heads,
                   num_kv_heads=_int(row, "kv_heads") or heads, head_dim=head_dim,
                   vocab=_int(row, "vocab"), attention=attention,
+                  max_context=_int(row, "max_position_embeddings"),
                   weight_format=weight_fmt, expert_format=expert_fmt)
     if attention == "mla":
         kwargs.update(kv_lora_rank=_int(row, "kv_lora_rank"),
@@ -345,7 +347,8 @@ def _hf_config_files() -> dict[str, str]:
 
 @functools.cache
 def find_model(name: str, label: bool = False) -> Model:
-    """A model preset by name, else the Hugging Face config the package ships in
+    """A model: a path to a Hugging Face `config.json` (or a folder holding one), a preset
+    by name, else the Hugging Face config the package ships in
     `perfmodel/data/hf_configs/` (file named after the Hugging Face id with "/" as "__";
     case-insensitive; a trailing parenthetical such as "(GPT-J 6B, ...)" is ignored).
 
@@ -356,6 +359,9 @@ def find_model(name: str, label: bool = False) -> Model:
         >>> find_model("openai/gpt-oss-120b").name, find_model("bigcode/starcoder2-15b").name
         ('gpt-oss-120b', 'bigcode/starcoder2-15b')
     """
+    path = os.path.join(name, "config.json") if os.path.isdir(name) else name
+    if path.endswith(".json") and os.path.isfile(path):
+        return _from_config_file(path)
     base = re.sub(r"\s*\(.*\)$", "", name.strip())
     try:
         return get_model(base, label)
@@ -372,6 +378,22 @@ def find_model(name: str, label: bool = False) -> Model:
         "data", "hf_configs", files[key]).read_text())
     config.pop("_source", None)
     return from_hf_config(config, name=base)
+
+
+def _from_config_file(path: str) -> Model:
+    """A model from a local Hugging Face `config.json`, named after its `_name_or_path`,
+    else the folder that holds it (what `huggingface-cli download --local-dir` makes)."""
+    from .architecture import from_hf_config
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--model {path}: not a readable config.json ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--model {path}: a config.json holds a JSON object")
+    folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return from_hf_config(config, name=str(config.get("_name_or_path") or folder))
 
 
 def model_aliases(name: str) -> tuple[str, ...]:

@@ -126,3 +126,39 @@ def test_list_models_chips_engines(capsys):
         assert f"\n{name} " in table
     assert main(["list", "gpus"]) == 2
     _one_line_error(capsys.readouterr().err, "'gpus'", "models", "chips", "engines")
+
+
+def test_model_from_a_config_path_keeps_its_name(tmp_path, capsys):
+    from importlib import resources
+
+    shipped = resources.files("perfmodel").joinpath("data", "hf_configs", "Qwen__Qwen3-8B.json")
+    config = json.loads(shipped.read_text())
+    config.pop("_source", None)
+    folder = tmp_path / "Qwen3-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    for given in (str(folder / "config.json"), str(folder)):
+        assert main(["pareto", "--model", given, "--chip", "h100", "--chips", "1",
+                     "--format", "json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["inputs"]["model"] == config.get("_name_or_path", "Qwen3-8B")
+        assert data["rows"]
+    bad = tmp_path / "broken.json"
+    bad.write_text("{")
+    assert main(["pareto", "--model", str(bad), "--chip", "h100"]) == 2
+    _one_line_error(capsys.readouterr().err, str(bad), "config.json")
+
+
+def test_requests_longer_than_the_model_context_need_a_flag(monkeypatch, capsys):
+    assert pm.get_model("llama-3.1-8b").max_context == 131072   # its config.json
+    argv = ["pareto", "--model", "llama-3.1-8b", "--chip", "h100", "--chips", "1",
+            "--isl", "131072", "--osl", "1024", "--format", "json"]
+    _no_work(monkeypatch)   # refused before the sweep
+    assert main(argv) == 2
+    _one_line_error(capsys.readouterr().err, "132,096", "131,072", "--allow-long-context")
+    monkeypatch.undo()
+    assert main([*argv, "--allow-long-context"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"]
+    for argv in (["optimize", "--isl", "200000"], ["compare", "--isl", "200000"]):
+        assert main(argv) == 2
+        _one_line_error(capsys.readouterr().err, "maximum context", "--allow-long-context")

@@ -2,6 +2,8 @@
 with qualifier tokens; anything else is an error naming the closest presets, never a
 prefix match that silently runs another chip or model."""
 
+import csv
+import io
 import subprocess
 import sys
 
@@ -76,7 +78,8 @@ def test_cli_runs_a_shipped_hugging_face_model(capsys):
     assert main(["pareto", "--model", "Qwen/Qwen3-8B", "--chip", "h100", "--chips", "1",
                  "--isl", "1024", "--osl", "256", "--format", "csv"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith("concurrency,") and len(out.splitlines()) > 2
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) > 1 and all(r["model"] == "Qwen/Qwen3-8B" for r in rows)
 
 
 def test_installed_command_exits_2_on_a_typo():

@@ -44,6 +44,7 @@ def add_spec_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
                         help="nominal input length, tokens (default 8192)")
     parser.add_argument("--osl", type=int, default=1024,
                         help="nominal output length, tokens (default 1024)")
+    add_long_context_arg(parser)
     parser.add_argument("--precision", default=None,
                         help="weight format (fp4, fp8, int8, bf16, mxfp4, nvfp4, int4); default: "
                              "the narrowest format the chip computes natively")
@@ -70,12 +71,25 @@ def check_output(path: str, option: str) -> None:
         raise ValueError(f"{option} {path!r}: the folder {folder!r} is not writable")
 
 
-def check_lengths(isl: int, osl: int) -> None:
-    """Raise ValueError unless ISL >= 1 and OSL >= 2 tokens."""
+def add_long_context_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-long-context", action="store_true",
+                        help="model requests longer than the model's maximum context "
+                             "(max_position_embeddings of its config)")
+
+
+def check_lengths(isl: int, osl: int, model=None, allow_long: bool = False) -> None:
+    """Raise ValueError unless ISL >= 1 and OSL >= 2 tokens and, unless `allow_long`,
+    ISL + OSL fits in `model`'s maximum context (when its config gives one)."""
     if isl < 1:
         raise ValueError(f"--isl must be a positive number of tokens, got {isl}")
     if osl < 2:
         raise ValueError(f"--osl must be at least 2 tokens, got {osl}")
+    limit = getattr(model, "max_context", 0)
+    if limit and isl + osl > limit and not allow_long:
+        raise ValueError(f"--isl {isl} + --osl {osl} = {isl + osl:,} tokens is longer than "
+                         f"{model.name}'s maximum context of {limit:,} "
+                         "(max_position_embeddings); pass --allow-long-context to model it "
+                         "anyway")
 
 
 def resolve(args):
@@ -85,7 +99,7 @@ def resolve(args):
     from ..sweep import default_precision
 
     model, chip = find_model(args.model), get_chip(args.chip)
-    check_lengths(args.isl, args.osl)
+    check_lengths(args.isl, args.osl, model, args.allow_long_context)
     fmt = args.precision
     if fmt is None:
         fmt = default_precision(chip, model)

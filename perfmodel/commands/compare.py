@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_format_arg, check_lengths, provenance, render
+from . import add_format_arg, add_long_context_arg, check_lengths, provenance, render
 
 #: Table columns: (row key, header, format).
 COLUMNS = (
@@ -53,16 +53,20 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--reported", action="store_true",
                         help="add the reported ratios (jalapeno_claims.csv) beside the "
                              "predicted ones")
+    add_long_context_arg(parser)
     add_format_arg(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args) -> int:
+    from ..presets import find_model
     from ..studies.jalapeno import PAIRS, compare
 
     check_lengths(args.isl, args.osl)
     models = _names(args.model) if args.model else [p[0] for p in PAIRS]
+    for name in models:
+        check_lengths(args.isl, args.osl, find_model(name), args.allow_long_context)
     chip, baselines = "jalapeno", None
     if args.chips:
         names = _names(args.chips)

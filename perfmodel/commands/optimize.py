@@ -106,7 +106,7 @@ def _result(args):
     from . import check_lengths, provenance
 
     model, chip = find_model(args.model), get_chip(args.chip)
-    check_lengths(args.isl, args.osl)
+    check_lengths(args.isl, args.osl, model, args.allow_long_context)
     if args.objective == "usd_per_mtok" and not args.usd_per_chip_hour:
         raise ValueError("--objective usd_per_mtok needs --usd-per-chip-hour (> 0)")
     formats = _classes(args.formats, "formats", ("weights", "experts", "kv"))
