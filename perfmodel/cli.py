@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                        parser_class=_Parser)
     for module in _COMMANDS.values():
-        importlib.import_module(f"perfmodel.commands.{module}").register(subparsers)
+        command = importlib.import_module(f"perfmodel.commands.{module}").register(subparsers)
+        command.add_argument("--quiet", "-q", action="store_true",
+                             help="no progress bar (one appears on a terminal when a run "
+                                  "lasts more than two seconds)")
     return parser
 
 

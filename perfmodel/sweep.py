@@ -32,6 +32,7 @@ from .design import Design, Layout, Precision, Runtime, SliceMapping, SpecDecode
 from .hardware import Chip
 from .kvcache import max_batch
 from .presets import get_chip, get_model
+from .progress import bar
 from .serving import COLUMNS, METRIC_KEYS, Metrics, predict
 from .smooth import DEFAULT_SHARPNESS
 from .workload import Workload
@@ -364,7 +365,8 @@ def _values(metrics: Metrics, replicas: int) -> dict:
 
 def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None, *,
           chips: int | None = None, precision: Precision | str | None = None,
-          grid=DEFAULT_GRID, runtime: Runtime | None = None, jit: bool = False) -> Sweep:
+          grid=DEFAULT_GRID, runtime: Runtime | None = None, jit: bool = False,
+          progress: bool | None = None) -> Sweep:
     """Evaluate every layout of `chips` chips over a concurrency grid; find the Pareto front.
 
     Each layout is one vmapped `predict` over the grid (per replica), plus one point at the
@@ -381,6 +383,8 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
         jit: compile each layout's vmapped predict (`eqx.filter_jit`). Compiling costs about
             a second per layout on a CPU against about 0.15 s for the eager vmapped call, so
             it pays only for repeated sweeps with the same layouts.
+        progress: a bar over the layouts on standard error (`perfmodel.progress`; None:
+            on a terminal).
 
     Returns:
         A `Sweep`.
@@ -418,26 +422,37 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
     evaluate = _evaluate_jit if jit else _evaluate
     context = _context(workload)
     parts, index = [], []
-    for i, layout in enumerate(layouts):
-        fit = _batch_that_fits(model, chip, prec, runtime, layout, context)
-        cap = float(np.floor(fit))
-        per_replica = np.unique(np.concatenate([grid, [cap]])) if cap < grid.max() else grid
-        single = dataclasses.replace(layout, replicas=1)
-        # Fresh defaults: class-level ones were built at import, before x64 may have been on.
-        design = Design(concurrency=1.0, layout=single, precision=prec, runtime=runtime,
-                        mapping=SliceMapping(), speculative=SpecDecode())
-        metrics = evaluate(model, chip, workload, design, jnp.asarray(per_replica))
-        values = _values(metrics, layout.replicas)
-        finite = np.all([np.isfinite(values[k]) for k in METRIC_KEYS], axis=0)
-        keep = values["fits"] & finite & (per_replica <= fit * (1.0 + 1e-9))
-        parts.append({k: v[keep] for k, v in values.items()})
-        index.append(np.full(int(keep.sum()), i))
+    with bar(len(layouts), f"{model.name} on {chips} x {chip.name}", progress,
+             unit="layout") as shown:
+        for i, layout in enumerate(layouts):
+            parts.append(_layout_points(model, chip, workload, prec, runtime, layout, grid,
+                                        context, evaluate))
+            index.append(np.full(len(parts[-1]["fits"]), i))
+            shown.update(1)
     values = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     layout_index = np.concatenate(index)
     front = pareto_front(values["tput_per_chip"], values["interactivity"])
     return Sweep(model=model.name, chip=chip.name, chips=int(chips), precision=prec.names,
                  input_len=isl, output_len=osl, layouts=layouts, layout_index=layout_index,
                  values=values, front=front)
+
+
+def _layout_points(model, chip, workload, prec, runtime, layout, grid, context,
+                   evaluate) -> dict:
+    """`_values` of one layout over the concurrency grid (per replica, plus the largest
+    batch that fits), keeping the points that fit and are finite."""
+    fit = _batch_that_fits(model, chip, prec, runtime, layout, context)
+    cap = float(np.floor(fit))
+    per_replica = np.unique(np.concatenate([grid, [cap]])) if cap < grid.max() else grid
+    single = dataclasses.replace(layout, replicas=1)
+    # Fresh defaults: class-level ones were built at import, before x64 may have been on.
+    design = Design(concurrency=1.0, layout=single, precision=prec, runtime=runtime,
+                    mapping=SliceMapping(), speculative=SpecDecode())
+    metrics = evaluate(model, chip, workload, design, jnp.asarray(per_replica))
+    values = _values(metrics, layout.replicas)
+    finite = np.all([np.isfinite(values[k]) for k in METRIC_KEYS], axis=0)
+    keep = values["fits"] & finite & (per_replica <= fit * (1.0 + 1e-9))
+    return {k: v[keep] for k, v in values.items()}
 
 
 def _spec(chip: Chip, path: str):

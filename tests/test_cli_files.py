@@ -162,3 +162,43 @@ def test_requests_longer_than_the_model_context_need_a_flag(monkeypatch, capsys)
     for argv in (["optimize", "--isl", "200000"], ["compare", "--isl", "200000"]):
         assert main(argv) == 2
         _one_line_error(capsys.readouterr().err, "maximum context", "--allow-long-context")
+
+
+def _stderr_on_a_terminal(argv, timeout=600):
+    """Run the installed command with standard error on a pseudo-terminal: (exit status,
+    what the terminal received)."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    received = []
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:   # the child closed its end
+                return
+            if not chunk:
+                return
+            received.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    done = subprocess.run([sys.executable, "-m", "perfmodel.cli", *argv],
+                          stdout=subprocess.DEVNULL, stderr=slave, timeout=timeout)
+    os.close(slave)
+    reader.join(timeout=10)
+    os.close(master)
+    return done.returncode, b"".join(received).decode(errors="replace")
+
+
+def test_progress_bar_on_a_terminal_only():
+    argv = ["pareto", "--model", "deepseek-r1", "--chip", "h100", "--chips", "16"]
+    code, terminal = _stderr_on_a_terminal(argv)
+    assert code == 0
+    assert "deepseek-r1 on 16 x h100" in terminal and "layout" in terminal and "%" in terminal
+    code, quiet = _stderr_on_a_terminal([*argv, "--quiet"])
+    assert code == 0 and quiet == ""
+    code, out, err = _cli(*argv)   # piped: no bar
+    assert code == 0 and err == ""

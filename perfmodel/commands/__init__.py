@@ -56,6 +56,12 @@ def add_format_arg(parser: argparse.ArgumentParser, formats: tuple = FORMATS) ->
                         help="output format (default table)")
 
 
+def progress(args) -> bool | None:
+    """The `progress` argument of long library calls: none with --quiet, else a bar on a
+    terminal (`perfmodel.progress`)."""
+    return False if getattr(args, "quiet", False) else None
+
+
 def check_output(path: str, option: str) -> None:
     """Raise ValueError, naming `option`, unless `path` can be written: not a folder, in a
     folder that exists and is writable, and not a read-only file. Commands call it before

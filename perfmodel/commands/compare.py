@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_format_arg, add_long_context_arg, check_lengths, provenance, render
+from . import add_format_arg, add_long_context_arg, check_lengths, progress, provenance, render
 
 #: Table columns: (row key, header, format).
 COLUMNS = (
@@ -76,7 +76,7 @@ def run(args) -> int:
         chip, baselines = names[0], names[1:]
     modes = ("predicted", "inferred") if args.mode == "both" else (args.mode,)
     rows = compare(models, chip=chip, baselines=baselines, isl=args.isl, osl=args.osl,
-                   reported=args.reported, modes=modes)
+                   reported=args.reported, modes=modes, progress=progress(args))
     has_reported = args.reported and all(k in r for r in rows for k, _, _ in REPORTED)
     columns = COLUMNS + (REPORTED if has_reported else ())
     if args.format == "table":

@@ -103,7 +103,7 @@ def _result(args):
     from ..presets import find_model, get_chip
     from ..search import design_space, exhaustive, optimize, targets
     from ..workload import Workload
-    from . import check_lengths, provenance
+    from . import check_lengths, progress, provenance
 
     model, chip = find_model(args.model), get_chip(args.chip)
     check_lengths(args.isl, args.osl, model, args.allow_long_context)
@@ -129,7 +129,7 @@ def _result(args):
         schedule["keep_layouts"] = None if args.keep_layouts == "all" else args.keep_layouts
     # An unsuccessful search is reported (the closest design when infeasible), not raised.
     result = optimize(model, chip, workload, space, tgt, args.objective, throw=False,
-                      **schedule)
+                      progress=progress(args), **schedule)
     out = result.as_dict()
     limits = ("max_tpot_ms", "min_interactivity", "max_ttft_ms", "max_e2e_s", "max_power_w",
               "max_deployment_power_kw", "max_quality_loss", "usd_per_chip_hour",
@@ -143,7 +143,8 @@ def _result(args):
         power_caps=list(args.power_caps), disaggregated=args.disaggregated)
     out["grid_points"] = space.size
     if args.check_exhaustive:
-        ex = exhaustive(model, chip, workload, space, tgt, args.objective)
+        ex = exhaustive(model, chip, workload, space, tgt, args.objective,
+                        progress=progress(args))
         out["exhaustive"] = {"design": ex.design, "objective_value": ex.objective_value,
                              "feasible": ex.feasible, "points": ex.points, "wall_s": ex.wall_s}
     return out

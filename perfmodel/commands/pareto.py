@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_format_arg, add_spec_args, check_output, positive_int, provenance, render, resolve
+from . import (
+    add_format_arg,
+    add_spec_args,
+    check_output,
+    positive_int,
+    progress,
+    provenance,
+    render,
+    resolve,
+)
 
 #: Table columns: (row key, header, format).
 COLUMNS = (
@@ -47,7 +56,8 @@ def run(args) -> int:
             raise ValueError(f"--plot {args.plot!r}: the file name must end in .png, .pdf "
                              "or .svg")
         check_output(args.plot, "--plot")
-    result = sweep(model, chip, Workload(args.isl, args.osl), chips=args.chips, precision=fmt)
+    result = sweep(model, chip, Workload(args.isl, args.osl), chips=args.chips, precision=fmt,
+                   progress=progress(args))
     rows = result.rows()
     if args.format == "table":
         shown = [dict(row, tpot_ms=row["tpot_s"] * 1e3) for row in rows]

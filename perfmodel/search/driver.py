@@ -33,6 +33,7 @@ import numpy as np
 from ..architecture import Model
 from ..design import Design, Layout, LayoutNumbers
 from ..hardware import Chip
+from ..progress import bar
 from ..smooth import DEFAULT_SHARPNESS
 from ..solvers import RESULTS, check
 from ..workload import Workload
@@ -238,7 +239,7 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
              learning_rate: float = 0.2, temperature=(1.0, 0.05), starts=(0.3, 0.7),
              mu=10.0, sharpness=DEFAULT_SHARPNESS, binding_tol: float = 0.03,
              max_iterations: int = 40, keep_layouts: int | None = 2,
-             throw: bool = True) -> OptimizeResult:
+             throw: bool = True, progress: bool | None = None) -> OptimizeResult:
     """Find the best design of `space` under `tgt` by gradient descent, then harden it.
 
     Every layout is a branch; each runs `len(starts)` trajectories of Adam on the augmented
@@ -271,6 +272,9 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
         keep_layouts: aggregated layouts hardened when the grid has more (None: all);
             disaggregated layouts are always hardened.
         throw: raise `RuntimeError` unless the result is `RESULTS.successful`.
+        progress: a bar over the kernels (one for all aggregated layouts, one per
+            disaggregated layout; the first call of each traces and compiles it) on
+            standard error (`perfmodel.progress`; None: on a terminal).
 
     Returns:
         `OptimizeResult`.
@@ -312,11 +316,13 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     groups = _groups(space)
     # Every kernel is dispatched before any result is read.
     pending = []
-    for members, argument in groups:
-        keep = len(members) if keep_layouts is None or not isinstance(members[0], Layout) \
-            else min(keep_layouts, len(members))
-        pending.append(_search(prob, argument, solver, initial, moves, max_moves, keep))
-    outputs = jax.device_get(pending)
+    with bar(len(groups), "search", progress, unit="kernel") as shown:
+        for members, argument in groups:
+            keep = len(members) if keep_layouts is None or not isinstance(members[0], Layout) \
+                else min(keep_layouts, len(members))
+            pending.append(_search(prob, argument, solver, initial, moves, max_moves, keep))
+            shown.update(1)
+        outputs = jax.device_get(pending)
     return _report(space, chip, groups, outputs, solver, prob, objective, binding_tol,
                    throw, t0)
 

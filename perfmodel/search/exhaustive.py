@@ -27,6 +27,7 @@ import numpy as np
 from ..architecture import Model
 from ..design import Layout
 from ..hardware import Chip
+from ..progress import bar
 from ..workload import Workload
 from .compile import enumeration_kernel
 from .evaluate import FEASIBLE_TOL, Problem, problem
@@ -74,8 +75,8 @@ def _best(prob: Problem, layout, first, chunk: int):
 
 
 def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Targets,
-               objective: str = "tok_s_per_kw", *, threads: int | None = None
-               ) -> ExhaustiveResult:
+               objective: str = "tok_s_per_kw", *, threads: int | None = None,
+               progress: bool | None = None) -> ExhaustiveResult:
     """Enumerate every design of `space` with the exact (hard) model and keep the best
     feasible one (or, when none is, the one with the smallest total violation).
 
@@ -85,6 +86,8 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
         tgt: limits and prices (`targets`).
         objective: a key of `OBJECTIVES`.
         threads: threads the work is spread over (default: one per core).
+        progress: a bar over the chunks of designs on standard error
+            (`perfmodel.progress`; None: on a terminal).
 
     Returns:
         `ExhaustiveResult`.
@@ -117,9 +120,14 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
     work = [(k, part) for k in range(len(space.layouts))
             for part in np.array_split(firsts, parts)]
 
+    shown = bar(len(firsts) * len(space.layouts), "enumeration", progress, unit="chunk")
+
     def run(item):
         k, starts = item
-        results = [jax.device_get(_best(prob, arguments[k], first, CHUNK)) for first in starts]
+        results = []
+        for first in starts:
+            results.append(jax.device_get(_best(prob, arguments[k], first, CHUNK)))
+            shown.update(1)   # tqdm's update is thread-safe
         return max(results, key=lambda r: float(r[0]))
 
     # Each kernel compiles once, here (its first chunk), before the threads would each
@@ -128,13 +136,15 @@ def exhaustive(model: Model, chip: Chip, workload: Workload, space: Space, tgt: 
     for item in work:
         layout = space.layouts[item[0]]
         seen.setdefault("numbers" if isinstance(layout, Layout) else layout, item)
-    for k, starts in seen.values():
-        run((k, starts[:1]))
-    if threads > 1 and len(work) > 1:
-        with concurrent.futures.ThreadPoolExecutor(min(threads, len(work))) as pool:
-            results = list(pool.map(run, work))
-    else:
-        results = [run(item) for item in work]
+    with shown:
+        for k, starts in seen.values():
+            run((k, starts[:1]))
+        shown.reset(shown.total)   # the compiling chunks run again below
+        if threads > 1 and len(work) > 1:
+            with concurrent.futures.ThreadPoolExecutor(min(threads, len(work))) as pool:
+                results = list(pool.map(run, work))
+        else:
+            results = [run(item) for item in work]
     best = int(np.argmax([float(r[0]) for r in results]))
     k = work[best][0]
     _, number, value, g = results[best]

@@ -43,6 +43,7 @@ from ..design import Design, Layout
 from ..hardware import Chip
 from ..kvcache import max_batch
 from ..presets import get_chip, get_model
+from ..progress import bar
 from ..serving import predict
 from ..smooth import smooth_min
 from ..sweep import DEFAULT_GRID, Sweep, auto_chips, default_runtime, sweep
@@ -117,7 +118,7 @@ def chip_points(model: str, chip: Chip, workload: Workload, chips: int | None = 
     if chips is None:
         chips = max(8, auto_chips(m, chip, fmt, float(workload.input_len),
                                   float(workload.output_len)))
-    s = sweep(m, chip, workload, chips=chips, precision=fmt, grid=grid)
+    s = sweep(m, chip, workload, chips=chips, precision=fmt, grid=grid, progress=False)
     v = s.values
     usable = v["interactivity"] >= min_interactivity
     if not usable.any():   # a chip that never reaches the floor: its best point
@@ -290,7 +291,7 @@ def _value_and_forward_grad(fun):
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,
             osl: int = 1024, reported: bool = False, modes=("predicted", "inferred"),
             chips: int | None = None, grid=DEFAULT_GRID, threshold: float | None = None,
-            infer_steps: int = 60) -> list[dict]:
+            infer_steps: int = 60, progress: bool | None = None) -> list[dict]:
     """Compare a chip with baselines on models (defaults: the three reported pairs).
 
     Args:
@@ -304,6 +305,8 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         grid: concurrencies per replica of the sweeps.
         threshold: interactivity of the high-interactivity point (tokens/s/user).
         infer_steps: Adam steps of the inferred mode.
+        progress: a bar over the sweeps and fits on standard error (`perfmodel.progress`;
+            None: on a terminal).
 
     Returns:
         One dict per (model, chip, baseline, mode), with the keys of the module docstring
@@ -337,11 +340,22 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
     workload = Workload(float(isl), float(osl))
     target = get_chip(chip)
     models = [get_model(m).name for m in models]
+    inferring = "inferred" in modes and any(reported_ratios(m) for m in models)
+    # Two sweeps per model, and in inferred mode two fits each followed by a sweep per model.
+    steps = 2 * len(models) + (2 * (1 + len(models)) if inferring else 0)
+    shown = bar(steps, f"{chip} vs {', '.join(dict.fromkeys(baselines))}", progress,
+                unit="sweep")
+
+    def points_of(m, c):
+        result = chip_points(m, c, workload, chips, grid)
+        shown.update(1)
+        return result
+
     base_points = {}
     predicted = {}
     for m, b in zip(models, baselines, strict=True):
-        base_points[m] = chip_points(m, get_chip(b), workload, chips, grid)
-        predicted[m] = chip_points(m, target, workload, chips, grid)
+        base_points[m] = points_of(m, get_chip(b))
+        predicted[m] = points_of(m, target)
     out = []
 
     def emit(mode, points, extra):
@@ -378,14 +392,17 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         if targets:
             # Fit at the peaks of the predicted chip, re-sweep, refit at the new peaks.
             inferred_chip, info = infer(target, targets, workload, steps=infer_steps)
-            points = {m: chip_points(m, inferred_chip, workload, chips, grid) for m in models}
+            shown.update(1)
+            points = {m: points_of(m, inferred_chip) for m in models}
             inferred_chip, info = infer(inferred_chip, targets_at(points), workload,
                                         steps=infer_steps)
-            points = {m: chip_points(m, inferred_chip, workload, chips, grid) for m in models}
+            shown.update(1)
+            points = {m: points_of(m, inferred_chip) for m in models}
             extra = {"inferred_" + p.replace("efficiency.", ""): v
                      for p, v in info["values"].items()}
             extra["inferred_hbm_tb_s_achievable"] = (
                 info["values"]["efficiency.bandwidth_max"] * float(target.hbm_bandwidth) / 1e12)
             extra.update(inferred_loss=info["loss"], inferred_result=info["result"])
             emit("inferred", points, extra)
+    shown.close()
     return out
