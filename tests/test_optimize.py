@@ -613,3 +613,24 @@ def test_cli_reports_the_closest_design_when_infeasible(capsys):
     assert status == 0
     out = capsys.readouterr().out
     assert "INFEASIBLE" in out and "closest trade-off" in out and "best achievable tpot" in out
+
+
+def test_cli_default_latency_target(capsys):
+    """Without a latency target the search holds the model's MLPerf Server TPOT limit, and
+    says so; a model MLPerf does not run gets MLPerf's strictest limit."""
+    from perfmodel.cli import main
+    from perfmodel.commands.optimize import MLPERF_SERVER_TPOT_MS, default_tpot_ms
+
+    assert main(["optimize", "--model", "llama-3.1-8b", "--chip", "h200", "--chips", "1",
+                 "--isl", "1024", "--osl", "256", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["inputs"]["targets"] == {"max_tpot_ms": 100.0}
+    assert "MLPerf" in out["inputs"]["default_target"]
+    assert out["feasible"] and out["metrics"]["tpot_s"] <= 0.100
+    assert default_tpot_ms("qwen3-32b")[0] == min(MLPERF_SERVER_TPOT_MS.values()) == 80.0
+    assert main(["optimize", "--model", "llama-3.1-8b", "--chip", "h200", "--chips", "1",
+                 "--isl", "1024", "--osl", "256", "--max-e2e-s", "60", "--format",
+                 "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["inputs"]["targets"] == {"max_e2e_s": 60.0}
+    assert out["inputs"]["default_target"] is None

@@ -6,8 +6,27 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 
 from . import add_format_arg, add_spec_args, positive_int
+
+#: Median TPOT limits (ms) of MLPerf Inference v5.1's Server scenario, per model preset
+#: (mlcommons/inference_results_v5.1, the `tpot_constraint_ms` column of
+#: calibration/data/benchmarks_mlperf.csv): `perfmodel optimize` holds a design to its
+#: model's limit when no latency target is given.
+MLPERF_SERVER_TPOT_MS = {"deepseek-r1": 80.0, "llama-3.1-405b": 175.0, "llama-3.1-8b": 100.0,
+                         "llama-2-70b": 200.0, "mixtral-8x7b": 200.0}
+#: The limit for models MLPerf does not run: its strictest Server limit (DeepSeek-R1's).
+DEFAULT_TPOT_MS = min(MLPERF_SERVER_TPOT_MS.values())
+
+
+def default_tpot_ms(model_name: str) -> tuple[float, str]:
+    """(TPOT limit in ms, why) of a search given no latency target."""
+    if model_name in MLPERF_SERVER_TPOT_MS:
+        return MLPERF_SERVER_TPOT_MS[model_name], \
+            f"MLPerf Inference v5.1 Server limit for {model_name}"
+    return DEFAULT_TPOT_MS, ("MLPerf Inference v5.1's strictest Server limit; "
+                             f"MLPerf has none for {model_name}")
 
 
 def _classes(items, name, valid):
@@ -56,7 +75,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="tok_s_per_kw",
                         help="what to maximize (usd_per_mtok is minimized; default "
                              "tok_s_per_kw)")
-    parser.add_argument("--max-tpot-ms", type=float, default=None, help="median TPOT limit")
+    parser.add_argument("--max-tpot-ms", type=float, default=None,
+                        help="median TPOT limit (default, when no latency target is given: "
+                             "MLPerf Inference v5.1's Server limit for the model, else its "
+                             f"strictest, {DEFAULT_TPOT_MS:g} ms)")
     parser.add_argument("--min-interactivity", type=float, default=None,
                         help="tokens/s/user floor")
     parser.add_argument("--max-ttft-ms", type=float, default=None, help="median TTFT limit")
@@ -114,6 +136,14 @@ def _result(args):
         formats["weights"] = (args.precision,)
     placements = _classes(args.placements, "placements",
                           ("weights", "attention", "dense", "experts", "kv"))
+    latency = ("max_tpot_ms", "min_interactivity", "max_ttft_ms", "max_e2e_s")
+    default_target = None
+    if all(getattr(args, k) is None for k in latency):
+        # Without a latency target the densest batch wins: seconds per token for everyone.
+        limit, why = default_tpot_ms(model.name)
+        args.max_tpot_ms = limit
+        default_target = (f"TPOT <= {limit:g} ms by default ({why}); set --max-tpot-ms, "
+                          "--min-interactivity, --max-ttft-ms or --max-e2e-s to change it")
     workload = Workload(args.isl, args.osl)
     space = design_space(model, chip, args.chips, workload=workload, formats=formats,
                          placements=placements, power_caps=args.power_caps,
@@ -140,7 +170,8 @@ def _result(args):
         targets={k: getattr(args, k) for k in limits if getattr(args, k) is not None},
         formats={k: list(v) for k, v in formats.items()},
         placements={k: list(v) for k, v in placements.items()},
-        power_caps=list(args.power_caps), disaggregated=args.disaggregated)
+        power_caps=list(args.power_caps), disaggregated=args.disaggregated,
+        default_target=default_target)
     out["grid_points"] = space.size
     if args.check_exhaustive:
         ex = exhaustive(model, chip, workload, space, tgt, args.objective,
@@ -171,6 +202,9 @@ def _describe(design: dict) -> str:
 
 def _table(out: dict) -> str:
     lines = []
+    if out["inputs"].get("default_target"):
+        lines += textwrap.wrap(f"target: {out['inputs']['default_target']}", 100,
+                               subsequent_indent="  ")
     name = out["objective"]
     if out["feasible"]:
         lines.append(f"best design: {_describe(out['design'])}")
