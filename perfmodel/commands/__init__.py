@@ -21,14 +21,40 @@ import os
 FORMATS = ("table", "json", "csv")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer > 0 (the message names the value)."""
+#: Upper bounds of integer options: far past any real use, short of sizes that overflow
+#: the 32-bit integers of array shapes and grid indices.
+MAX_CHIPS = 1_048_576
+MAX_TOKENS = 100_000_000
+MAX_STEPS = 100_000
+
+
+def positive_int(text: str, largest: int = MAX_STEPS) -> int:
+    """argparse type: an integer in [1, `largest`] (the message names the value)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not positive")
+    if value > largest:
+        raise argparse.ArgumentTypeError(f"{value} is more than {largest:,}")
+    return value
+
+
+def chip_count(text: str) -> int:
+    """argparse type of --chips: an integer in [1, `MAX_CHIPS`]."""
+    return positive_int(text, MAX_CHIPS)
+
+
+def token_count(text: str) -> int:
+    """argparse type of --isl and --osl: an integer in [1, `MAX_TOKENS`] (check_lengths
+    adds the model's own limits)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"{value} is more than {MAX_TOKENS:,} tokens")
     return value
 
 
@@ -40,9 +66,9 @@ def add_spec_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
                              "see perfmodel.model_names())")
     parser.add_argument("--chip", default=chip,
                         help=f"chip preset (default {chip}; see perfmodel.chip_names())")
-    parser.add_argument("--isl", type=int, default=8192,
+    parser.add_argument("--isl", type=token_count, default=8192,
                         help="nominal input length, tokens (default 8192)")
-    parser.add_argument("--osl", type=int, default=1024,
+    parser.add_argument("--osl", type=token_count, default=1024,
                         help="nominal output length, tokens (default 1024)")
     add_long_context_arg(parser)
     parser.add_argument("--precision", default=None,

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_format_arg, add_long_context_arg, check_lengths, progress, provenance, render
+from . import (
+    add_format_arg,
+    add_long_context_arg,
+    check_lengths,
+    progress,
+    provenance,
+    render,
+    token_count,
+)
 
 #: Table columns: (row key, header, format).
 COLUMNS = (
@@ -45,8 +53,10 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="CHIP,BASELINE[,BASELINE...]: the chip compared, then one "
                              "baseline for all models or one per model (default: jalapeno "
                              "and each reported pair's baseline)")
-    parser.add_argument("--isl", type=int, default=8192, help="input length (default 8192)")
-    parser.add_argument("--osl", type=int, default=1024, help="output length (default 1024)")
+    parser.add_argument("--isl", type=token_count, default=8192,
+                        help="input length (default 8192)")
+    parser.add_argument("--osl", type=token_count, default=1024,
+                        help="output length (default 1024)")
     parser.add_argument("--mode", choices=("both", "predicted", "inferred"), default="both",
                         help="predicted from specs, inferred from the reported ratios, or "
                              "both (default)")

@@ -8,7 +8,7 @@ import json
 import math
 import textwrap
 
-from . import add_format_arg, add_spec_args, positive_int
+from . import add_format_arg, add_spec_args, chip_count, positive_int
 
 #: Median TPOT limits (ms) of MLPerf Inference v5.1's Server scenario, per model preset
 #: (mlcommons/inference_results_v5.1, the `tpot_constraint_ms` column of
@@ -46,18 +46,22 @@ def _classes(items, name, valid):
 
 
 def _fractions(text: str) -> tuple[float, ...]:
+    """argparse type of --power-caps: comma-separated fractions of TDP in (0, 1]."""
+    usage = "comma-separated fractions of TDP in (0, 1], e.g. 0.6,0.8,1.0"
     try:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated fractions of TDP, "
-                                         "e.g. 0.6,0.8,1.0") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: {usage}") from None
+    bad = [v for v in values if not (math.isfinite(v) and 0.0 < v <= 1.0)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: {bad[0]:g} is not in (0, 1]; {usage}")
     return values
 
 
 def _keep(text: str):
     if text == "all":
         return text
-    return positive_int(text)
+    return positive_int(text, largest=2**31 - 1)   # more than there are layouts is "all"
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -70,7 +74,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "over a relaxed, differentiable model), then harden and repair the "
                     "design and re-evaluate it exactly.")
     add_spec_args(parser, chip="jalapeno")
-    parser.add_argument("--chips", type=positive_int, default=8,
+    parser.add_argument("--chips", type=chip_count, default=8,
                         help="chips in the deployment (default 8)")
     parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="tok_s_per_kw",
                         help="what to maximize (usd_per_mtok is minimized; default "

@@ -8,7 +8,7 @@ from . import (
     add_format_arg,
     add_spec_args,
     check_output,
-    positive_int,
+    chip_count,
     progress,
     provenance,
     render,
@@ -36,7 +36,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="Sweep parallel layouts and concurrency on N chips and print the Pareto "
                     "front of throughput per chip against tokens/s/user.")
     add_spec_args(parser)
-    parser.add_argument("--chips", type=positive_int, default=None,
+    parser.add_argument("--chips", type=chip_count, default=None,
                         help="chips in the deployment (default: the smallest power of two that "
                              "holds the weights and a useful batch)")
     add_format_arg(parser)

@@ -115,12 +115,14 @@ def targets(*, max_tpot_ms=None, min_interactivity=None, max_ttft_ms=None, max_e
                  max_ttft_ms=max_ttft_ms, max_e2e_s=max_e2e_s, max_power_w=max_power_w,
                  max_deployment_power_kw=max_deployment_power_kw,
                  max_quality_loss=max_quality_loss)
+    # A limit is a finite number: an infinite one is no limit, and NaN compares false.
     for key, value in given.items():
-        if value is not None and not value > 0:
-            raise ValueError(f"targets: {key} must be > 0, got {value!r}")
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"targets: {key} must be a finite number > 0, got {value!r} "
+                             "(leave it out for no limit)")
     for key, value in (("usd_per_chip_hour", usd_per_chip_hour), ("usd_per_kwh", usd_per_kwh)):
-        if value is not None and value < 0:
-            raise ValueError(f"targets: {key} must be >= 0, got {value!r}")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"targets: {key} must be a finite number >= 0, got {value!r}")
     tpot = math.inf if max_tpot_ms is None else max_tpot_ms / 1e3
     if min_interactivity is not None:
         tpot = min(tpot, 1.0 / min_interactivity)
