@@ -59,7 +59,7 @@ def pareto(sweeps, ax: Axes | None = None, points: bool = True, title: str | Non
     """
     ax = _axes(ax)
     for i, s in enumerate(sweeps):
-        x, y = s.values["interactivity"], s.values["tput_per_chip"]
+        x, y = s.values["interactivity"], s.values["tput_per_chip_total"]
         label = f"{s.chip} x{s.chips} ({'/'.join(s.precision)})"
         color = f"C{i % 10}"
         if points:

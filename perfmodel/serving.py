@@ -45,9 +45,9 @@ from .workload import Workload
 #: Each `Metrics` field's column name in rows, tables and CSV files (`Metrics.to_row`); a
 #: suffix gives the unit where the field has one.
 COLUMNS = {
-    "concurrency": "concurrency", "throughput_per_chip": "tput_per_chip",
+    "concurrency": "concurrency", "throughput_per_chip": "tput_per_chip_total",
     "interactivity": "interactivity", "ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s",
-    "power_per_chip": "power_w", "tok_s_per_kw_tdp": "tok_s_per_kw_tdp",
+    "power_per_chip": "power_w_modelled", "tok_s_per_kw_tdp": "tok_s_per_kw_tdp",
     "j_per_output_token": "j_per_output_token",
     "input_throughput_per_chip": "input_tput_per_chip",
     "output_throughput_per_chip": "output_tput_per_chip",
@@ -58,8 +58,8 @@ COLUMNS = {
     "throttle": "throttle", "steady": "steady"}
 
 #: The headline columns (a subset of `COLUMNS`' names).
-METRIC_KEYS = ("concurrency", "tput_per_chip", "interactivity", "ttft_s", "tpot_s", "e2e_s",
-               "power_w", "tok_s_per_kw_tdp", "j_per_output_token")
+METRIC_KEYS = ("concurrency", "tput_per_chip_total", "interactivity", "ttft_s", "tpot_s", "e2e_s",
+               "power_w_modelled", "tok_s_per_kw_tdp", "j_per_output_token")
 
 
 class Metrics(eqx.Module):

@@ -396,7 +396,7 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
     Example:
         >>> s = sweep("llama-3.1-8b", "h100", Workload(1024, 1024), chips=1, grid=(1., 8., 64.))
         >>> rows = s.rows()
-        >>> rows[0]["layout"], rows[0]["tput_per_chip"] < rows[-1]["tput_per_chip"]
+        >>> rows[0]["layout"], rows[0]["tput_per_chip_total"] < rows[-1]["tput_per_chip_total"]
         ('tp1', True)
     """
     model, chip = _resolve(model, chip)
@@ -431,7 +431,7 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
             shown.update(1)
     values = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     layout_index = np.concatenate(index)
-    front = pareto_front(values["tput_per_chip"], values["interactivity"])
+    front = pareto_front(values["tput_per_chip_total"], values["interactivity"])
     return Sweep(model=model.name, chip=chip.name, chips=int(chips), precision=prec.names,
                  input_len=isl, output_len=osl, layouts=layouts, layout_index=layout_index,
                  values=values, front=front)

@@ -37,7 +37,7 @@ def _check_front(rows, chip_name):
             assert isinstance(row[key], float) and np.isfinite(row[key]) and row[key] > 0, key
         assert re.fullmatch(r"(\d+x)?tp\d+(-ep\d+)?(-pp\d+)?(-dpa)?", row["layout"]), row
         assert row["chips"] == row["tp"] * row["pp"] * row["replicas"]
-    tput = np.array([r["tput_per_chip"] for r in rows])
+    tput = np.array([r["tput_per_chip_total"] for r in rows])
     inter = np.array([r["interactivity"] for r in rows])
     assert np.all(np.diff(tput) > 0) and np.all(np.diff(inter) < 0)
     # Within one layout, moving along the front means adding concurrency.
@@ -78,9 +78,12 @@ def test_default_pareto_table_and_plot(capsys, tmp_path):
     plot = tmp_path / "front.png"
     code, out, err = _run(capsys, "pareto", "--plot", str(plot))
     assert code == 0, err
-    header, columns, *body = out.strip().splitlines()
-    assert header.startswith("# deepseek-r1 on ") and "gb200" in header and "nvfp4" in header
-    for name in ("conc", "layout", "tok/s/chip", "tok/s/user", "TTFT", "TPOT", "E2E", "power",
+    lines = out.strip().splitlines()
+    header = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    columns, *body = [line for line in lines if not line.startswith("#")]
+    assert max(len(line) for line in lines) <= 120
+    assert header.startswith("deepseek-r1 on ") and "gb200" in header and "nvfp4" in header
+    for name in ("conc", "layout", "tok/s/chip", "tok/s/user", "TTFT", "TPOT", "E2E", "model W",
                  "tok/s/kW", "J/out"):
         assert name in columns
     assert len(body) >= 3 and "nan" not in out.lower()
@@ -102,7 +105,7 @@ def test_csv_matches_json(capsys):
         for key in ("model", "chip", "isl", "osl", "precision", "engine", "fitted_power"):
             assert b[key] == str(data["inputs"][key]), key
         assert a["layout"] == b["layout"] and a["chips"] == 2
-        assert float(b["tput_per_chip"]) == pytest.approx(a["tput_per_chip"], rel=1e-12)
+        assert float(b["tput_per_chip_total"]) == pytest.approx(a["tput_per_chip_total"], rel=1e-12)
         assert a["precision"] == "fp8/fp8/bf16"   # weights/experts/KV
 
 

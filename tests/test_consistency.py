@@ -39,8 +39,8 @@ def test_commands_agree_on_throughput_and_power(model_name, chip_name, chips):
                            precision=pm.precision(chip, model, "fp4"),
                            runtime=default_runtime(chip))
         direct = pm.predict(model, chip, workload, design, hard=True)
-        for key, field in (("tput_per_chip", "throughput_per_chip"),
-                           ("power_w", "power_per_chip")):
+        for key, field in (("tput_per_chip_total", "throughput_per_chip"),
+                           ("power_w_modelled", "power_per_chip")):
             want = float(getattr(direct, field))
             assert pareto.values[key][k] == pytest.approx(want, rel=1e-9), (layout, key)
             assert comparison.values[key][same[0]] == pytest.approx(want, rel=1e-9)

@@ -162,7 +162,7 @@ def test_scenarios_match_exhaustive(groups):
         if "max_tpot_ms" in limits:
             assert m["tpot_s"] <= limits["max_tpot_ms"] / 1e3 * (1 + 1e-9), label
         if "max_power_w" in limits:
-            assert m["power_w"] <= limits["max_power_w"] * (1 + 1e-9), label
+            assert m["power_w_modelled"] <= limits["max_power_w"] * (1 + 1e-9), label
         assert m["fits"], label
     # The two impossible targets, at least, are reported infeasible; most are feasible.
     assert 2 <= infeasible <= 4

@@ -126,7 +126,7 @@ def test_sweep_keeps_only_points_that_fit(small):
     replicas = np.array([small.layouts[i].replicas for i in small.layout_index])
     assert v["fits"].all()
     assert np.all(v["concurrency"] / replicas <= v["max_batch"] * (1 + 1e-9))
-    for key in ("tput_per_chip", "interactivity", "ttft_s", "tpot_s", "power_w"):
+    for key in ("tput_per_chip_total", "interactivity", "ttft_s", "tpot_s", "power_w_modelled"):
         assert np.all(np.isfinite(v[key]) & (v[key] > 0))
     # The largest batch that fits is on the grid of each layout, so the front reaches it.
     for i, layout in enumerate(small.layouts):
@@ -137,7 +137,7 @@ def test_sweep_keeps_only_points_that_fit(small):
 
 def test_front_rises_in_throughput_and_falls_in_interactivity(small):
     rows = small.rows()
-    tput = [r["tput_per_chip"] for r in rows]
+    tput = [r["tput_per_chip_total"] for r in rows]
     inter = [r["interactivity"] for r in rows]
     assert len(rows) >= 3
     assert np.all(np.diff(tput) > 0) and np.all(np.diff(inter) < 0)
@@ -157,9 +157,9 @@ def test_replicas_are_evaluated_exactly(small):
                        precision=pm.precision(chip, model, "fp8"),
                        runtime=sw.default_runtime(chip))
     m = pm.predict(model, chip, W, design, hard=True)
-    for key, value in (("tput_per_chip", m.throughput_per_chip), ("ttft_s", m.ttft),
+    for key, value in (("tput_per_chip_total", m.throughput_per_chip), ("ttft_s", m.ttft),
                        ("tpot_s", m.tpot), ("j_per_output_token", m.j_per_output_token),
-                       ("power_w", m.power_per_chip)):
+                       ("power_w_modelled", m.power_per_chip)):
         assert small.values[key][index] == pytest.approx(float(value), rel=1e-9)
 
 
@@ -168,7 +168,7 @@ def test_sweep_jit_and_eager_agree():
     eager = sw.sweep("llama-3.1-8b", "h100", pm.Workload(1024, 256), **kwargs)
     jitted = sw.sweep("llama-3.1-8b", "h100", pm.Workload(1024, 256), jit=True, **kwargs)
     assert eager.front.tolist() == jitted.front.tolist()
-    for key in ("tput_per_chip", "interactivity", "ttft_s", "power_w"):
+    for key in ("tput_per_chip_total", "interactivity", "ttft_s", "power_w_modelled"):
         np.testing.assert_allclose(eager.values[key], jitted.values[key], rtol=1e-12)
 
 

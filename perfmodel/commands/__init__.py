@@ -19,6 +19,8 @@ import math
 import os
 
 FORMATS = ("table", "json", "csv")
+#: Characters a table line may take; wider tables continue in further blocks.
+TABLE_WIDTH = 120
 
 
 #: Upper bounds of integer options: far past any real use, short of sizes that overflow
@@ -219,7 +221,21 @@ def render(rows: list[dict], fmt: str, columns, inputs: dict | None = None) -> s
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     # Text columns read best flush left, numbers flush right.
     left = [spec == "s" for _, _, spec in columns]
-    lines = ["  ".join(c.ljust(w) if lj else c.rjust(w)
-                       for c, w, lj in zip(r, widths, left, strict=True)).rstrip()
-             for r in cells]
-    return "\n".join(lines)
+    # The leading text columns name a row; past TABLE_WIDTH the other columns go to
+    # further blocks, each repeating them.
+    keys = next((i for i, flush in enumerate(left) if not flush), len(columns))
+    blocks, block = [], []
+    key_width = sum(widths[:keys]) + 2 * keys
+    for i in range(keys, len(columns)):
+        if block and key_width + sum(widths[j] + 2 for j in block) + widths[i] > TABLE_WIDTH:
+            blocks.append(block)
+            block = []
+        block.append(i)
+    blocks.append(block)
+    parts = []
+    for block in blocks:
+        shown = list(range(keys)) + block
+        parts.append("\n".join("  ".join(r[i].ljust(widths[i]) if left[i]
+                                          else r[i].rjust(widths[i]) for i in shown).rstrip()
+                               for r in cells))
+    return "\n\n".join(parts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from . import (
     add_format_arg,
@@ -94,6 +95,14 @@ def run(args) -> int:
         print(f"# {chip} vs baselines, ISL {args.isl} OSL {args.osl}; throughput per kW of "
               "rated TDP; ratios chip/baseline (E2E: baseline/chip)")
         print(render(shown, "table", columns))
+        thresholds = ", ".join(f"{r['model']} {r['high_interactivity_threshold']:.0f}"
+                               for r in rows if r["mode"] == rows[0]["mode"])
+        print("\n".join(textwrap.wrap(
+            "# peak: the most tokens/s per chip at or above the lowest interactivity "
+            "InferenceX sweeps; low: the point of highest interactivity (one request per "
+            "replica); hi-int: the most tok/s per kW of TDP at or above an interactivity "
+            f"threshold, half the lower best of the two chips (tok/s/user: {thresholds})",
+            100, subsequent_indent="#   ")))
         inferred = [r for r in rows if r["mode"] == "inferred"]
         if inferred:
             r = inferred[0]

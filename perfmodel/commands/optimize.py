@@ -216,8 +216,9 @@ def _table(out: dict) -> str:
                      f"{out['relaxed_objective_value']:.6g})")
         m, r = out["metrics"], out["relaxed_metrics"]
         lines.append(f"{'metric':<22}{'hardened':>14}{'relaxed':>14}")
-        for key in ("tput_per_chip", "interactivity", "ttft_s", "tpot_s", "e2e_s", "power_w",
-                    "tok_s_per_kw_tdp", "j_per_output_token", "running_batch", "max_batch"):
+        for key in ("tput_per_chip_total", "interactivity", "ttft_s", "tpot_s", "e2e_s",
+                    "power_w_modelled", "tok_s_per_kw_tdp", "j_per_output_token",
+                    "running_batch", "max_batch"):
             lines.append(f"{key:<22}{m[key]:>14.6g}{r[key]:>14.6g}")
         lines.append("binding: " + (", ".join(out["binding"]) or "none"))
         for key, entry in out.get("blocking", {}).items():

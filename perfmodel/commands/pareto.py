@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from . import (
     add_format_arg,
@@ -19,22 +20,31 @@ from . import (
 COLUMNS = (
     ("concurrency", "conc", ".0f"),
     ("layout", "layout", "s"),
-    ("tput_per_chip", "tok/s/chip", "sig"),
+    ("tput_per_chip_total", "tok/s/chip", "sig"),
     ("interactivity", "tok/s/user", "sig"),
     ("ttft_s", "TTFT s", "sig"),
     ("tpot_ms", "TPOT ms", "sig"),
     ("e2e_s", "E2E s", "sig"),
-    ("power_w", "power W", ".0f"),
-    ("tok_s_per_kw_tdp", "tok/s/kW", "sig"),
+    ("power_w_modelled", "model W", ".0f"),
+    ("tok_s_per_kw_tdp", "tok/s/kW TDP", "sig"),
     ("j_per_output_token", "J/out tok", "sig"),
 )
+
+#: What the columns count (`--help` and the README say the same).
+LEGEND = ("tok/s/chip: input + output tokens per second per chip (tput_per_chip_total); "
+          "tok/s/user: output tokens per second per request, 1 / TPOT (interactivity); "
+          "TTFT, TPOT, E2E: medians; model W: the modelled average chip power while "
+          "serving (power_w_modelled); tok/s/kW TDP: total tokens per second per kW of the "
+          "chips' rated TDP, not of modelled power (tok_s_per_kw_tdp); J/out tok: chip "
+          "energy per output token, prefill included.")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "pareto", help="throughput per chip vs interactivity Pareto front",
         description="Sweep parallel layouts and concurrency on N chips and print the Pareto "
-                    "front of throughput per chip against tokens/s/user.")
+                    "front of throughput per chip against tokens/s/user.",
+        epilog="Columns: " + LEGEND)
     add_spec_args(parser)
     parser.add_argument("--chips", type=chip_count, default=None,
                         help="chips in the deployment (default: the smallest power of two that "
@@ -69,10 +79,11 @@ def run(args) -> int:
                         engine=str(default_runtime(chip).framework))
     text = render(shown, args.format, COLUMNS, inputs=None if args.format == "table" else inputs)
     if args.format == "table":
-        print(f"# {result.model} on {result.chips} x {result.chip}, weights/experts/kv "
-              f"{'/'.join(result.precision)}, ISL {args.isl} OSL {args.osl}: "
-              f"{len(result.layouts)} layouts, {len(result.layout_index)} points that fit, "
-              f"{len(rows)} on the front")
+        print("\n".join(textwrap.wrap(
+            f"# {result.model} on {result.chips} x {result.chip}, weights/experts/kv "
+            f"{'/'.join(result.precision)}, ISL {args.isl} OSL {args.osl}: "
+            f"{len(result.layouts)} layouts, {len(result.layout_index)} points that fit, "
+            f"{len(rows)} on the front", 100, subsequent_indent="#   ")))
     print(text)
     if args.plot is not None:
         from ..plots import pareto, save

@@ -123,12 +123,12 @@ def chip_points(model: str, chip: Chip, workload: Workload, chips: int | None = 
     usable = v["interactivity"] >= min_interactivity
     if not usable.any():   # a chip that never reaches the floor: its best point
         usable = np.ones_like(usable)
-    peak = int(np.argmax(np.where(usable, v["tput_per_chip"], -np.inf)))
+    peak = int(np.argmax(np.where(usable, v["tput_per_chip_total"], -np.inf)))
     low = int(np.argmax(v["interactivity"]))
     layout = lambda i: s.layouts[int(s.layout_index[i])].describe()
     return ChipPoints(
         chip=chip.name, chips=int(chips), tdp_w=float(chip.tdp),
-        peak_tput_per_chip=float(v["tput_per_chip"][peak]),
+        peak_tput_per_chip=float(v["tput_per_chip_total"][peak]),
         peak_tok_s_per_kw=float(v["tok_s_per_kw_tdp"][peak]),
         peak_e2e_s=float(v["e2e_s"][peak]), peak_interactivity=float(v["interactivity"][peak]),
         peak_layout=layout(peak), peak_concurrency=float(v["concurrency"][peak]),
