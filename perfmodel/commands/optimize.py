@@ -72,7 +72,10 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="Optimize concurrency, number formats, parallel layout, slice mapping "
                     "and power cap for an objective under constraints (augmented Lagrangian "
                     "over a relaxed, differentiable model), then harden and repair the "
-                    "design and re-evaluate it exactly.")
+                    "design and re-evaluate it exactly.",
+        epilog="Exit status: 0 with a design that meets every target, 1 when none does "
+               "(the closest trade-off is reported; JSON has \"feasible\": false and "
+               "\"result\": \"infeasible\"), 2 on bad input.")
     add_spec_args(parser, chip="jalapeno")
     parser.add_argument("--chips", type=chip_count, default=8,
                         help="chips in the deployment (default 8)")
@@ -257,10 +260,15 @@ def _table(out: dict) -> str:
     return "\n".join(lines)
 
 
+#: Exit status when no design of the grid meets every target (the report, with the closest
+#: trade-off, is printed all the same); 2 stays the status of bad input.
+EXIT_INFEASIBLE = 1
+
+
 def run(args) -> int:
     out = _clean(_result(args))
     if args.format == "json":
         print(json.dumps(out, indent=1, allow_nan=False))
     else:
         print(_table(out))
-    return 0
+    return 0 if out["feasible"] else EXIT_INFEASIBLE
