@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 #: Subcommands, in help order, and the module of `perfmodel.commands` that provides each
@@ -68,6 +69,18 @@ def version() -> str:
             f"{v['fitted_power']})")
 
 
+def _runtime_message(error: RuntimeError) -> str | None:
+    """The message of a failed `eqx.error_if` check without equinox's advice on debugging,
+    or None when `error` is not one."""
+    text = str(error)
+    found = re.search(r"Equinox\w*Error: (.*)", text, re.S)
+    if found is not None:
+        text = found.group(1)
+    elif not type(error).__name__.startswith("Equinox"):
+        return None
+    return re.split(r"\n\s*-{5,}|\n\s*\n", text.strip(), maxsplit=1)[0].strip()
+
+
 def _fail(message: str) -> int:
     text = " ".join(str(message).split())   # one line, whatever the message held
     print(f"perfmodel: error: {text}", file=sys.stderr)
@@ -118,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(error)
     except BrokenPipeError:   # `perfmodel pareto | head`
         return 0
+    except RuntimeError as error:   # a run-time check of a traced value (`eqx.error_if`)
+        message = _runtime_message(error)
+        if message is None:
+            raise
+        return _fail(message)
     except OSError as error:   # a file that went away or filled the disk mid-run
         where = f"{error.filename}: " if error.filename else ""
         return _fail(f"{where}{error.strerror or error}")

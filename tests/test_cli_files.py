@@ -202,3 +202,31 @@ def test_progress_bar_on_a_terminal_only():
     assert code == 0 and quiet == ""
     code, out, err = _cli(*argv)   # piped: no bar
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("wrap", ["jax.jit", "eqx.filter_jit"])
+def test_run_time_check_message(monkeypatch, capsys, wrap):
+    import equinox as eqx
+    import jax
+
+    import perfmodel.commands.catalog as catalog
+
+    jit = jax.jit if wrap == "jax.jit" else eqx.filter_jit
+    check = jit(lambda x: eqx.error_if(x, x < 0, "runtime: request_rate must be >= 0"))
+
+    def failing(args):
+        return check(jax.numpy.asarray(-1.0))
+
+    monkeypatch.setattr(catalog, "run", failing)
+    monkeypatch.setattr(catalog, "register", _register_with(failing, catalog.register))
+    assert main(["list", "chips"]) == 2
+    err = capsys.readouterr().err
+    assert err == "perfmodel: error: runtime: request_rate must be >= 0\n"
+
+
+def _register_with(run, register):
+    def wrapped(subparsers):
+        parser = register(subparsers)
+        parser.set_defaults(func=run)
+        return parser
+    return wrapped
