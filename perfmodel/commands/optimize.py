@@ -123,6 +123,10 @@ def register(subparsers) -> argparse.ArgumentParser:
                              "every layout")
     parser.add_argument("--check-exhaustive", action="store_true",
                         help="also enumerate the whole grid and report its best design")
+    parser.add_argument("--emit", choices=("vllm", "sglang", "trtllm"), default=None,
+                        help="also print the engine's launch command for the design found "
+                             "(perfmodel.deploy; refused, with the reason, when the engine "
+                             "cannot express the design)")
     add_format_arg(parser, ("table", "json"))
     parser.set_defaults(func=run)
     return parser
@@ -136,6 +140,9 @@ def _result(args):
 
     model, chip = find_model(args.model), get_chip(args.chip)
     check_lengths(args.isl, args.osl, model, args.allow_long_context)
+    if args.emit:
+        from ..deploy import check_engine
+        check_engine(args.emit, chip, disaggregated=args.disaggregated)   # before the work
     if args.objective == "usd_per_mtok" and not args.usd_per_chip_hour:
         raise ValueError("--objective usd_per_mtok needs --usd-per-chip-hour (> 0)")
     formats = _classes(args.formats, "formats", ("weights", "experts", "kv"))
@@ -267,8 +274,25 @@ EXIT_INFEASIBLE = 1
 
 def run(args) -> int:
     out = _clean(_result(args))
+    refused = None
+    if args.emit and out["feasible"]:
+        from ..deploy import launch
+        from ..presets import find_model, get_chip
+        try:
+            out["launch"] = launch(args.emit, out["design"], find_model(args.model),
+                                   get_chip(args.chip),
+                                   max_context=args.isl + args.osl).as_dict()
+        except ValueError as error:
+            refused = str(error)
+            out["launch"] = {"engine": args.emit, "refused": refused}
     if args.format == "json":
         print(json.dumps(out, indent=1, allow_nan=False))
     else:
         print(_table(out))
+        if "launch" in out and not refused:
+            from ..deploy import Launch
+            print(Launch(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in out["launch"].items()}).text())
+    if refused:
+        raise ValueError(f"--emit {args.emit}: {refused}")
     return 0 if out["feasible"] else EXIT_INFEASIBLE
