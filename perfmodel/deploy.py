@@ -192,8 +192,9 @@ def launch(engine: str, design: dict, model, chip: Chip,
     # anything else needs a checkpoint in that format.
     quantization = None
     released = {"weights": model.weight_format, "experts": model.expert_format}
-    wanted = {"weights": formats["weights"], "experts": formats["experts"] if moe else
-              formats["weights"]}
+    wanted = {"weights": formats["weights"]}
+    if moe:
+        wanted["experts"] = formats["experts"]
     changed = {k: v for k, v in wanted.items() if v != released[k]}
     if changed:
         targets = set(changed.values())
@@ -202,8 +203,8 @@ def launch(engine: str, design: dict, model, chip: Chip,
         else:
             what = ", ".join(f"{k} {v} (released {released[k]})" for k, v in changed.items())
             raise ValueError(f"{engine} loads {what} only from a checkpoint quantized that way; "
-                             "point it at such a checkpoint, or search with the released "
-                             "formats (--formats)")
+                             "point it at such a checkpoint, or choose the released formats "
+                             "(--precision, --formats)")
     if formats["kv"] not in spec.kv_formats:
         raise ValueError(f"{engine} {spec.version} has no {formats['kv']} KV cache; its "
                          f"formats: {', '.join(spec.kv_formats)}")

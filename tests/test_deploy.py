@@ -94,3 +94,18 @@ def test_optimize_emit(monkeypatch, capsys):
     monkeypatch.setattr(search, "optimize", lambda *a, **k: pytest.fail("searched"))
     assert main(["optimize", "--chip", "jalapeno", "--emit", "sglang"]) == 2
     assert "does not run on jalapeno" in capsys.readouterr().err
+
+
+def test_pareto_emit(capsys):
+    argv = ["pareto", "--model", "llama-3.1-8b", "--chip", "h100", "--chips", "2",
+            "--precision", "bf16", "--format", "json"]
+    assert main([*argv, "--emit", "trtllm", "--at-interactivity", "100"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    run = data["launch"]
+    chosen = max((r for r in data["rows"] if r["interactivity"] >= 100),
+                 key=lambda r: r["tput_per_chip_total"])
+    seqs = int(run["argv"][run["argv"].index("--max_batch_size") + 1])
+    assert seqs * run["instances"] >= round(chosen["concurrency"])
+    assert main([*argv, "--emit", "vllm", "--at-interactivity", "1e6"]) == 2
+    assert "no point of the front reaches it" in capsys.readouterr().err
+    assert main([*argv[:-2], "--format", "csv", "--emit", "vllm"]) == 2

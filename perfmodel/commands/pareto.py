@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import textwrap
 
 from . import (
@@ -52,8 +54,33 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_format_arg(parser)
     parser.add_argument("--plot", metavar="FILE.png", default=None,
                         help="also write a labelled plot of the sweep and its front")
+    parser.add_argument("--emit", choices=("vllm", "sglang", "trtllm"), default=None,
+                        help="also print the engine's launch command for one front point: "
+                             "the most tok/s/chip at or above --at-interactivity")
+    parser.add_argument("--at-interactivity", type=float, default=0.0, metavar="TOK_S_USER",
+                        help="with --emit: the lowest tok/s/user the emitted point may have "
+                             "(default 0: the peak-throughput point)")
     parser.set_defaults(func=run)
     return parser
+
+
+def _launch(args, result, rows, model, chip):
+    """`deploy.launch` of the front point with the most tok/s/chip at or above
+    `--at-interactivity`."""
+    from ..deploy import launch
+
+    usable = [r for r in rows if r["interactivity"] >= args.at_interactivity]
+    if not usable:
+        best = max(r["interactivity"] for r in rows)
+        raise ValueError(f"--at-interactivity {args.at_interactivity:g}: no point of the front "
+                         f"reaches it (the most is {best:.4g} tok/s/user)")
+    row = max(usable, key=lambda r: r["tput_per_chip_total"])
+    weights, experts, kv = result.precision
+    design = {"layout": row["layout"], "chips": row["chips"],
+              "concurrency": int(round(row["concurrency"])),
+              "formats": {"weights": weights, "experts": experts, "kv": kv},
+              "power_cap_w": None}
+    return launch(args.emit, design, model, chip, max_context=args.isl + args.osl)
 
 
 def run(args) -> int:
@@ -61,6 +88,15 @@ def run(args) -> int:
     from ..workload import Workload
 
     model, chip, fmt = resolve(args)
+    if args.emit:
+        from ..deploy import check_engine
+        check_engine(args.emit, chip)
+        if args.format == "csv":
+            raise ValueError("--emit prints a command beside the front: use --format table "
+                             "or json")
+        if not (math.isfinite(args.at_interactivity) and args.at_interactivity >= 0):
+            raise ValueError(f"--at-interactivity {args.at_interactivity}: a number of "
+                             "tokens/s/user >= 0")
     if args.plot is not None:
         if not args.plot.lower().endswith((".png", ".pdf", ".svg")):
             raise ValueError(f"--plot {args.plot!r}: the file name must end in .png, .pdf "
@@ -78,6 +114,14 @@ def run(args) -> int:
                         precision="/".join(result.precision),
                         engine=str(default_runtime(chip).framework))
     text = render(shown, args.format, COLUMNS, inputs=None if args.format == "table" else inputs)
+    launch, refused = None, None
+    if args.emit:
+        try:
+            launch = _launch(args, result, rows, model, chip)
+        except ValueError as error:   # the front is printed all the same
+            refused = error
+    if launch is not None and args.format == "json":
+        text = json.dumps({**json.loads(text), "launch": launch.as_dict()}, indent=1)
     if args.format == "table":
         print("\n".join(textwrap.wrap(
             f"# {result.model} on {result.chips} x {result.chip}, weights/experts/kv "
@@ -85,7 +129,11 @@ def run(args) -> int:
             f"{len(result.layouts)} layouts, {len(result.layout_index)} points that fit, "
             f"{len(rows)} on the front", 100, subsequent_indent="#   ")))
     print(text)
+    if launch is not None and args.format == "table":
+        print(launch.text())
     if args.plot is not None:
         from ..plots import pareto, save
         save(pareto([result]).figure, args.plot)
+    if refused is not None:
+        raise ValueError(f"--emit {args.emit}: {refused}")
     return 0
