@@ -8,6 +8,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .architecture import Model
+from .checks import FRACTION, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Range, check, instance, number
 from .formats import COMPUTE_CLASSES, FORMAT_BYTES, compute_class, resolve_format
 from .hardware import Chip
 
@@ -42,7 +43,7 @@ class Layout(eqx.Module):
     def __check_init__(self):
         for key in ("tp", "ep", "pp", "replicas"):
             value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Layout.{key} must be a positive integer, got {value!r}")
         if self.tp % self.ep:
             raise ValueError(f"Layout.ep ({self.ep}) must divide Layout.tp ({self.tp}); "
@@ -207,6 +208,7 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
 
     Raises:
         ValueError: unknown format names.
+        TypeError: a format that is not a name.
 
     Example:
         >>> from perfmodel.presets import get_chip, get_model
@@ -214,6 +216,15 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         >>> p.names
         ('bf16', 'nvfp4', 'bf16')
     """
+    given = {"weights": weights, "experts": experts, "kv": kv, "activations": activations,
+             "attention": attention}
+    for key, value in given.items():
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"precision: {key} must be a format name such as 'fp8', got "
+                            f"{type(value).__name__} {value!r}")
+    if attention.strip().lower() not in ("bf16", "fp8"):
+        raise ValueError(f"precision: attention={attention!r}; attention math runs in 'bf16' "
+                         "or 'fp8'")
     flavor = chip.fp4_flavor
     base = resolve_format(weights, flavor) if weights else None
     if model.is_moe:
@@ -233,7 +244,8 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
     kv_fmt = resolve_format(kv, flavor) if kv is not None else "bf16"
     act_fmt = resolve_format(activations, flavor)
     native = chip.native_classes
-    attention_cls = "fp8" if (attention == "fp8" and "fp8" in native) else "bf16"
+    attention_cls = "fp8" if (attention.strip().lower() == "fp8" and "fp8" in native) \
+        else "bf16"
     return Precision(
         weight_bytes=FORMAT_BYTES[weight_fmt], expert_bytes=FORMAT_BYTES[expert_fmt],
         kv_bytes=FORMAT_BYTES[kv_fmt], activation_bytes=FORMAT_BYTES[act_fmt],
@@ -324,12 +336,16 @@ class SpecDecode(eqx.Module):
     `draft_tokens = 0` disables it.
     """
 
-    draft_tokens: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    draft_tokens: jnp.ndarray = eqx.field(converter=number("SpecDecode.draft_tokens"), default=0.0)
     """Draft length k (tokens)."""
-    acceptance: jnp.ndarray = eqx.field(converter=_array, default=0.7)
+    acceptance: jnp.ndarray = eqx.field(converter=number("SpecDecode.acceptance"), default=0.7)
     """Per-token acceptance probability (dimensionless, [0, 1))."""
-    draft_layers: jnp.ndarray = eqx.field(converter=_array, default=1.0)
+    draft_layers: jnp.ndarray = eqx.field(converter=number("SpecDecode.draft_layers"), default=1.0)
     """Transformer layers of the draft module run per draft token (DeepSeek MTP: 1)."""
+
+    def __check_init__(self):
+        check(self, {"draft_tokens": NON_NEGATIVE, "draft_layers": NON_NEGATIVE,
+                     "acceptance": Range(low=0.0, high=1.0, high_open=True)})
 
     @property
     def tokens_per_step(self):
@@ -344,42 +360,60 @@ class Runtime(eqx.Module):
     sampling, detokenization, Python); `framework` names whose fitted value it is.
     """
 
-    step_overhead: jnp.ndarray = eqx.field(converter=_array, default=1.0e-3)
+    step_overhead: jnp.ndarray = eqx.field(
+        converter=number("Runtime.step_overhead"), default=1.0e-3)
     """Host time per engine step (s)."""
-    max_batched_tokens: jnp.ndarray = eqx.field(converter=_array, default=8192.0)
+    max_batched_tokens: jnp.ndarray = eqx.field(
+        converter=number("Runtime.max_batched_tokens"), default=8192.0)
     """Prefill chunk: tokens one step may carry (vLLM max_num_batched_tokens) (tokens)."""
-    memory_fraction: jnp.ndarray = eqx.field(converter=_array, default=0.9)
+    memory_fraction: jnp.ndarray = eqx.field(
+        converter=number("Runtime.memory_fraction"), default=0.9)
     """Fraction of HBM the engine may use (vLLM gpu_memory_utilization)."""
-    activation_reserve: jnp.ndarray = eqx.field(converter=_array, default=4e9)
+    activation_reserve: jnp.ndarray = eqx.field(
+        converter=number("Runtime.activation_reserve"), default=4e9)
     """HBM reserved for activations, CUDA graphs and workspace (bytes)."""
-    max_running: jnp.ndarray = eqx.field(converter=_array, default=jnp.inf)
+    max_running: jnp.ndarray = eqx.field(converter=number("Runtime.max_running"), default=jnp.inf)
     """Cap on running sequences per instance (vLLM max_num_seqs); inf for none."""
-    seq_overhead: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    seq_overhead: jnp.ndarray = eqx.field(converter=number("Runtime.seq_overhead"), default=0.0)
     """Host time per running sequence per engine step not hidden behind the GPU (sampling,
     detokenization, scheduler bookkeeping); vLLM-era Python engines show tens of us (s)."""
-    request_overhead: jnp.ndarray = eqx.field(converter=_array, default=0.015)
+    request_overhead: jnp.ndarray = eqx.field(
+        converter=number("Runtime.request_overhead"), default=0.015)
     """Per-request time outside the engine steps, seen by the client in TTFT and E2E: HTTP,
     tokenization, hand-off to the engine process, the first streamed chunk (s)."""
-    admission_steps: jnp.ndarray = eqx.field(converter=_array, default=0.5)
+    admission_steps: jnp.ndarray = eqx.field(
+        converter=number("Runtime.admission_steps"), default=0.5)
     """Engine steps a new request waits before its prefill is scheduled (0.5: the step in
     flight; schedulers that favour running decodes wait longer) (steps)."""
-    expert_efficiency: jnp.ndarray = eqx.field(converter=_array, default=1.0)
+    expert_efficiency: jnp.ndarray = eqx.field(
+        converter=number("Runtime.expert_efficiency"), default=1.0)
     """Speed of the engine's routed-expert kernels relative to the dense matmuls the chip's
     fitted efficiencies describe, in (0, 1]: the expert operator's time is divided by it.
     Grouped-GEMM MoE kernels that gather tokens per expert (vLLM's fused_moe) run below
     dense-GEMM bandwidth at small per-expert batches; 1 for engines the latency fit
     describes (dimensionless)."""
-    kernel_efficiency: jnp.ndarray = eqx.field(converter=_array, default=1.0)
+    kernel_efficiency: jnp.ndarray = eqx.field(
+        converter=number("Runtime.kernel_efficiency"), default=1.0)
     """Speed of the engine's kernels (matmuls, attention, collectives) relative to those
     of the engines the chip's fitted efficiencies describe, in (0, 1]: the step's busy
     time (operators and collectives, not host overhead) is divided by it. An engine whose
     kernels for a chip generation are less tuned runs below them; 1 for engines the
     latency fit describes (dimensionless)."""
-    pipeline_overlap: jnp.ndarray = eqx.field(converter=_array, default=1.0)
+    pipeline_overlap: jnp.ndarray = eqx.field(
+        converter=number("Runtime.pipeline_overlap"), default=1.0)
     """How far the engine overlaps micro-batches across pipeline stages, in [0, 1]: the
     running batch is split into `1 + overlap (pp - 1)` micro-batches in flight (1: every
     stage busy; 0: one batch crosses the stages while the others idle) (dimensionless)."""
     framework: str = eqx.field(static=True, default="generic")
+
+    def __check_init__(self):
+        check(self, {"step_overhead": NON_NEGATIVE, "seq_overhead": NON_NEGATIVE,
+                     "request_overhead": NON_NEGATIVE, "admission_steps": NON_NEGATIVE,
+                     "activation_reserve": NON_NEGATIVE,
+                     "max_batched_tokens": Range(low=1.0),
+                     "max_running": Range(low=1.0, infinite=True),
+                     "memory_fraction": FRACTION, "expert_efficiency": FRACTION,
+                     "kernel_efficiency": FRACTION, "pipeline_overlap": UNIT_INTERVAL})
 
 
 class Design(eqx.Module):
@@ -393,7 +427,7 @@ class Design(eqx.Module):
         1
     """
 
-    concurrency: jnp.ndarray = eqx.field(converter=_array)
+    concurrency: jnp.ndarray = eqx.field(converter=number("Design.concurrency"))
     """Requests in flight across the deployment (closed-loop clients)."""
     layout: Layout | LayoutNumbers | Disaggregated
     """Parallel layout: static (`Layout`), as numbers (`LayoutNumbers`, aggregated only),
@@ -404,6 +438,14 @@ class Design(eqx.Module):
     mapping: SliceMapping = eqx.field(default_factory=SliceMapping)
     speculative: SpecDecode = eqx.field(default_factory=SpecDecode)
     runtime: Runtime = eqx.field(default_factory=Runtime)
+
+    def __check_init__(self):
+        check(self, {"concurrency": POSITIVE})
+        instance(self, "layout", Layout, LayoutNumbers, Disaggregated)
+        instance(self, "precision", Precision)
+        instance(self, "mapping", SliceMapping)
+        instance(self, "speculative", SpecDecode)
+        instance(self, "runtime", Runtime)
 
     @property
     def chips(self):

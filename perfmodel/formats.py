@@ -62,11 +62,15 @@ def resolve_format(name: str, fp4_flavor: str = "nvfp4") -> str:
 
     Raises:
         ValueError: unknown format, naming the valid ones.
+        TypeError: not a name.
 
     Example:
         >>> resolve_format("FP4", "mxfp4")
         'mxfp4'
     """
+    if not isinstance(name, str):
+        raise TypeError(f"a number format is a name such as 'fp8' or 'bf16', got "
+                        f"{type(name).__name__} {name!r}")
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key == "fp4":

@@ -7,9 +7,14 @@ converted once, in `from_datasheet`.
 
 from __future__ import annotations
 
-import equinox as eqx
-import jax.numpy as jnp
+import math
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .checks import FRACTION, NON_NEGATIVE, POSITIVE, Range, check, number
 from .formats import COMPUTE_CLASSES
 from .interconnect import AbstractInterconnect, Ring, Switch, Torus
 
@@ -33,18 +38,28 @@ class Efficiency(eqx.Module):
     systems/*.yaml, `mem_bw_empirical_scaling_factor`, `mem_empirical_constant_latency`).
     """
 
-    compute_max: jnp.ndarray = eqx.field(converter=_array, default=0.75)
+    compute_max: jnp.ndarray = eqx.field(converter=number("Efficiency.compute_max"), default=0.75)
     """Fraction of peak FLOP/s a large matmul reaches (dimensionless, (0, 1])."""
-    compute_rows_half: jnp.ndarray = eqx.field(converter=_array, default=64.0)
+    compute_rows_half: jnp.ndarray = eqx.field(
+        converter=number("Efficiency.compute_rows_half"), default=64.0)
     """Rows (tokens) at which a matmul reaches half of `compute_max` (tokens)."""
-    bandwidth_max: jnp.ndarray = eqx.field(converter=_array, default=0.8)
+    bandwidth_max: jnp.ndarray = eqx.field(
+        converter=number("Efficiency.bandwidth_max"), default=0.8)
     """Fraction of HBM bandwidth a large streaming read reaches (dimensionless, (0, 1])."""
-    memory_latency: jnp.ndarray = eqx.field(converter=_array, default=3e-6)
+    memory_latency: jnp.ndarray = eqx.field(
+        converter=number("Efficiency.memory_latency"), default=3e-6)
     """Fixed latency of a memory-bound kernel (s)."""
-    kernel_overhead: jnp.ndarray = eqx.field(converter=_array, default=2e-6)
+    kernel_overhead: jnp.ndarray = eqx.field(
+        converter=number("Efficiency.kernel_overhead"), default=2e-6)
     """Launch, ramp and tail time per kernel (s)."""
-    attention_max: jnp.ndarray = eqx.field(converter=_array, default=0.5)
+    attention_max: jnp.ndarray = eqx.field(
+        converter=number("Efficiency.attention_max"), default=0.5)
     """Fraction of peak FLOP/s attention kernels reach (dimensionless, (0, 1])."""
+
+    def __check_init__(self):
+        check(self, {"compute_max": FRACTION, "compute_rows_half": POSITIVE,
+                     "bandwidth_max": FRACTION, "memory_latency": NON_NEGATIVE,
+                     "kernel_overhead": NON_NEGATIVE, "attention_max": FRACTION})
 
     def compute_fraction(self, rows):
         """Fraction of peak FLOP/s reached by a matmul with `rows` rows (tokens)."""
@@ -62,19 +77,26 @@ class EnergyCoefficients(eqx.Module):
     core+IO); NVLink-class SerDes about 5 pJ/bit = 40 pJ/byte.
     """
 
-    per_flop: jnp.ndarray = eqx.field(converter=_array,
+    per_flop: jnp.ndarray = eqx.field(converter=number("EnergyCoefficients.per_flop"),
                                       default=(0.5e-12, 0.25e-12, 0.25e-12, 0.125e-12))
     """Joules per FLOP for each compute class of `formats.COMPUTE_CLASSES` (J/FLOP)."""
-    per_hbm_byte: jnp.ndarray = eqx.field(converter=_array, default=60e-12)
+    per_hbm_byte: jnp.ndarray = eqx.field(
+        converter=number("EnergyCoefficients.per_hbm_byte"), default=60e-12)
     """Joules per byte read or written in HBM (J/byte)."""
-    per_link_byte: jnp.ndarray = eqx.field(converter=_array, default=40e-12)
+    per_link_byte: jnp.ndarray = eqx.field(
+        converter=number("EnergyCoefficients.per_link_byte"), default=40e-12)
     """Joules per byte sent over the scale-up or scale-out network (J/byte)."""
-    active_power: jnp.ndarray = eqx.field(converter=_array, default=0.0)
+    active_power: jnp.ndarray = eqx.field(
+        converter=number("EnergyCoefficients.active_power"), default=0.0)
     """Power above idle drawn while kernels run, whatever work they do: clocks, static power
     of the units at active clocks, stalled pipelines. It makes a slow kernel cost energy in
     proportion to its time, not only to its work (GPU power models split power the same
     way: AccelWattch, MICRO 2021, constant + static + dynamic). Prior 0: work alone;
     the power calibration fits it (W)."""
+
+    def __check_init__(self):
+        check(self, {"per_flop": NON_NEGATIVE, "per_hbm_byte": NON_NEGATIVE,
+                     "per_link_byte": NON_NEGATIVE, "active_power": NON_NEGATIVE})
 
 
 class Chip(eqx.Module):
@@ -96,26 +118,26 @@ class Chip(eqx.Module):
     domain_size: int = eqx.field(static=True)
     """Chips in one scale-up domain (NVL72: 72; HGX: 8)."""
 
-    peak_flops: jnp.ndarray = eqx.field(converter=_array)
+    peak_flops: jnp.ndarray = eqx.field(converter=number("Chip.peak_flops"))
     """Dense peak per compute class of `formats.COMPUTE_CLASSES` (FLOP/s); a class the chip
     lacks holds the rate it is emulated at (BF16's)."""
-    hbm_bandwidth: jnp.ndarray = eqx.field(converter=_array)
+    hbm_bandwidth: jnp.ndarray = eqx.field(converter=number("Chip.hbm_bandwidth"))
     """Main-memory bandwidth (bytes/s)."""
-    hbm_capacity: jnp.ndarray = eqx.field(converter=_array)
+    hbm_capacity: jnp.ndarray = eqx.field(converter=number("Chip.hbm_capacity"))
     """Main-memory capacity (bytes)."""
-    sram_bytes: jnp.ndarray = eqx.field(converter=_array)
+    sram_bytes: jnp.ndarray = eqx.field(converter=number("Chip.sram_bytes"))
     """On-chip SRAM / last-level cache (bytes)."""
-    num_slices: jnp.ndarray = eqx.field(converter=_array)
+    num_slices: jnp.ndarray = eqx.field(converter=number("Chip.num_slices"))
     """Core+memory slices (dies, chiplets, Jalapeno's slices); 1 for a monolithic GPU."""
-    slice_bandwidth: jnp.ndarray = eqx.field(converter=_array)
+    slice_bandwidth: jnp.ndarray = eqx.field(converter=number("Chip.slice_bandwidth"))
     """Aggregate bandwidth of the fabric between slices (bytes/s)."""
     scale_up: AbstractInterconnect
     scale_out: AbstractInterconnect
-    tdp: jnp.ndarray = eqx.field(converter=_array)
+    tdp: jnp.ndarray = eqx.field(converter=number("Chip.tdp"))
     """Rated board power (W)."""
-    idle_power: jnp.ndarray = eqx.field(converter=_array)
+    idle_power: jnp.ndarray = eqx.field(converter=number("Chip.idle_power"))
     """Power drawn while serving with no work in flight: static + clocks-on baseline (W)."""
-    allin_power: jnp.ndarray = eqx.field(converter=_array)
+    allin_power: jnp.ndarray = eqx.field(converter=number("Chip.allin_power"))
     """All-in power per chip: chip, host, network and facility share (W); InferenceX's
     "tokens/s per MW" divides by it."""
     energy: EnergyCoefficients = eqx.field(default_factory=EnergyCoefficients)
@@ -132,11 +154,31 @@ class Chip(eqx.Module):
                                  f"{COMPUTE_CLASSES}")
         if self.fp4_flavor not in ("nvfp4", "mxfp4"):
             raise ValueError(f"Chip {self.name!r}: fp4_flavor must be 'nvfp4' or 'mxfp4'")
-        if self.domain_size < 1:
-            raise ValueError(f"Chip {self.name!r}: domain_size must be >= 1")
+        if not isinstance(self.domain_size, int) or isinstance(self.domain_size, bool) \
+                or self.domain_size < 1:
+            raise ValueError(f"Chip {self.name!r}: domain_size must be an integer >= 1, got "
+                             f"{self.domain_size!r}")
+        check(self, {"peak_flops": POSITIVE, "hbm_bandwidth": POSITIVE,
+                     "hbm_capacity": POSITIVE, "sram_bytes": NON_NEGATIVE,
+                     "num_slices": Range(low=1.0, integer=True),
+                     "slice_bandwidth": POSITIVE, "tdp": POSITIVE, "idle_power": NON_NEGATIVE,
+                     "allin_power": POSITIVE})
+        if not any(isinstance(x, jax.core.Tracer) for x in (self.idle_power, self.tdp)) \
+                and np.any(np.asarray(self.idle_power) >= np.asarray(self.tdp)):
+            raise ValueError(f"Chip {self.name!r}: idle_power ({float(np.max(self.idle_power)):g}"
+                             f" W) must be below tdp ({float(np.min(self.tdp)):g} W)")
 
     def class_index(self, cls: str) -> int:
         return COMPUTE_CLASSES.index(cls)
+
+
+def _whole(value, chip: str, key: str) -> int:
+    """`value` as an int, or ValueError naming `key` (a count given as 2.7 is a mistake, not
+    2)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not float(value).is_integer():
+        raise ValueError(f"chip {chip!r}: {key} must be a whole number, got {value!r}")
+    return int(value)
 
 
 def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: float,
@@ -164,9 +206,21 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
     """
     required = {"bf16_tflops": bf16_tflops, "hbm_gb": hbm_gb, "hbm_tb_s": hbm_tb_s,
                 "scaleup_gb_s": scaleup_gb_s, "tdp_w": tdp_w}
+    numbers = {"fp8_tflops": fp8_tflops, "int8_tops": int8_tops, "fp4_tflops": fp4_tflops,
+               "sram_mb": sram_mb, "num_slices": num_slices, "slice_tb_s": slice_tb_s,
+               "scaleup_latency_us": scaleup_latency_us,
+               "collective_base_us": collective_base_us, "scaleout_gb_s": scaleout_gb_s,
+               "scaleout_latency_us": scaleout_latency_us, "idle_w": idle_w,
+               "allin_kw": allin_kw, **required}
+    for key, value in numbers.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, (int, float, np.integer, np.floating))):
+            raise TypeError(f"chip {name!r}: {key} must be a number, got "
+                            f"{type(value).__name__} {value!r}")
     for key, value in required.items():
-        if value is None or not value > 0:
-            raise ValueError(f"chip {name!r}: {key} must be a positive number, got {value!r}")
+        if value is None or not value > 0 or not math.isfinite(value):
+            raise ValueError(f"chip {name!r}: {key} must be a positive finite number, got "
+                             f"{value!r}")
     peaks = {"bf16": bf16_tflops, "fp8": fp8_tflops, "int8": int8_tops, "fp4": fp4_tflops}
     native = tuple(c for c in COMPUTE_CLASSES if peaks[c] is not None and peaks[c] > 0)
     peak = [(peaks[c] if c in native else bf16_tflops) * 1e12 for c in COMPUTE_CLASSES]
@@ -185,7 +239,8 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
                  base_latency=collective_base_us * 1e-6)
     return Chip(
         name=name, family=family, native_classes=native, fp4_flavor=fp4_flavor,
-        domain_size=int(domain_size), peak_flops=peak, hbm_bandwidth=hbm_tb_s * 1e12,
+        domain_size=_whole(domain_size, name, "domain_size"), peak_flops=peak,
+        hbm_bandwidth=hbm_tb_s * 1e12,
         hbm_capacity=hbm_gb * 1e9, sram_bytes=sram_mb * 1e6, num_slices=num_slices,
         slice_bandwidth=(slice_tb_s if slice_tb_s is not None else 2 * hbm_tb_s) * 1e12,
         scale_up=up, scale_out=out, tdp=tdp_w,

@@ -104,14 +104,15 @@ def test_default_precision_is_native_or_bf16():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(chips=0), "positive integer"),
-    (dict(chips=1), "does not fit in 1 h100.*smallest count that holds it is"),
-    (dict(grid=(1.0, -2.0)), "positive finite"),
-    (dict(workload=pm.Workload(0, 1024)), "input length"),
-    (dict(workload=pm.Workload(1024, 1)), "output length")])
+    (lambda: dict(chips=0), "positive integer"),
+    (lambda: dict(chips=1), "does not fit in 1 h100.*smallest count that holds it is"),
+    (lambda: dict(grid=(1.0, -2.0)), "positive finite"),
+    # A workload this short is refused when it is built, before the sweep.
+    (lambda: dict(workload=pm.Workload(0, 1024)), "Workload.input_len must be >= 1"),
+    (lambda: dict(workload=pm.Workload(1024, 1)), "Workload.output_len must be > 1")])
 def test_sweep_errors_name_the_bad_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        sw.sweep("deepseek-r1", "h100", **kwargs)
+        sw.sweep("deepseek-r1", "h100", **kwargs())
 
 
 # The sweep --------------------------------------------------------------------------------

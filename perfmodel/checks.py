@@ -1,0 +1,117 @@
+"""Construction-time checks of spec fields: a wrong type or an out-of-range number is a
+`TypeError` / `ValueError` naming the field, the value and the valid range, raised when the
+spec is built (before any tracing), never a NaN or a silent clip later.
+
+Values that are traced when the spec is built (inside `jax.jit`, `vmap` or `grad`) cannot
+be checked here; the public entry points check them with `eqx.error_if`
+(`serving._CHECKS`).
+
+Example:
+    >>> import equinox as eqx, jax.numpy as jnp
+    >>> class Pipe(eqx.Module):
+    ...     length: jnp.ndarray = eqx.field(converter=number("Pipe.length"))
+    ...     def __check_init__(self):
+    ...         check(self, {"length": Range(low=0.0, low_open=True)})
+    >>> Pipe(length=-1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: Pipe.length must be > 0, got -1
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Range(NamedTuple):
+    """The valid values of a number: bounds, whether each is open, integers only, and
+    whether the upper bound may be infinity (a cap that means "none")."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    infinite: bool = False
+    """+inf allowed (for example `Runtime.max_running`: no cap)."""
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        has_low, has_high = self.low > -math.inf, self.high < math.inf
+        low = f"{'>' if self.low_open else '>='} {self.low:g}"
+        high = f"{'<' if self.high_open else '<='} {self.high:g}"
+        if has_low and has_high:
+            text = (f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+                    f"{')' if self.high_open else ']'}")
+        elif has_low:
+            text = low
+        elif has_high:
+            text = high
+        else:
+            text = "finite"
+        text = text if not self.integer else f"{kind} {text}"
+        return text + (" (or inf for none)" if self.infinite else "")
+
+    def holds(self, x: np.ndarray) -> np.ndarray:
+        """Elementwise: True where `x` is valid (NaN never is)."""
+        ok = np.isfinite(x) | (self.infinite & (x == np.inf))
+        ok &= (x > self.low) if self.low_open else (x >= self.low)
+        ok &= (x < self.high) if self.high_open else (x <= self.high)
+        if self.integer:
+            ok &= ~np.isfinite(x) | (np.floor(x) == x)
+        return ok
+
+
+#: Common ranges.
+POSITIVE = Range(low=0.0, low_open=True)
+NON_NEGATIVE = Range(low=0.0)
+FRACTION = Range(low=0.0, high=1.0, low_open=True)          # (0, 1]
+UNIT_INTERVAL = Range(low=0.0, high=1.0)                    # [0, 1]
+
+
+def number(where: str):
+    """A field converter: the value as a float array, or a `TypeError` naming `where`
+    (a string, None or a non-numeric object would otherwise fail later, or as a bare
+    conversion error)."""
+
+    def convert(x):
+        if x is None or isinstance(x, (str, bytes, bool, np.bool_)):
+            raise TypeError(f"{where} must be a number, got {x!r}")
+        try:
+            return jnp.asarray(x, dtype=float)
+        except (TypeError, ValueError):
+            raise TypeError(f"{where} must be a number or an array of numbers, got "
+                            f"{type(x).__name__} {str(x)[:60]!r}") from None
+
+    return convert
+
+
+def check(owner, rules: dict) -> None:
+    """Raise ValueError naming `Owner.field` for the first field of `rules` ({field: Range})
+    whose concrete value is out of its range (NaN and infinity included, unless allowed).
+    Traced and None values are skipped."""
+    for field, valid in rules.items():
+        value = getattr(owner, field)
+        if value is None or isinstance(value, jax.core.Tracer):
+            continue
+        x = np.asarray(value, dtype=float)
+        ok = valid.holds(x)
+        if not np.all(ok):
+            bad = x[~ok].ravel()[0] if x.ndim else float(x)
+            what = "NaN" if math.isnan(bad) else f"{bad:g}"
+            raise ValueError(f"{type(owner).__name__}.{field} must be {valid.describe()}, "
+                             f"got {what}")
+
+
+def instance(owner, field: str, *types) -> None:
+    """Raise TypeError unless `Owner.field` is an instance of one of `types`."""
+    value = getattr(owner, field)
+    if not isinstance(value, types):
+        names = " or ".join(t.__name__ for t in types)
+        raise TypeError(f"{type(owner).__name__}.{field} must be a {names}, got "
+                        f"{type(value).__name__} {str(value)[:40]!r}")

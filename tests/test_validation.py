@@ -1,0 +1,140 @@
+"""Invalid specs are refused when they are built: a `TypeError` or `ValueError` naming the
+field, never a silent clip, a NaN or a negative latency later (issue 24's examples, then a
+hypothesis fuzz of invalid values across the public constructors)."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import perfmodel as pm
+
+DATASHEET = dict(bf16_tflops=1000, hbm_gb=80, hbm_tb_s=3.0, scaleup_gb_s=450, tdp_w=700)
+
+
+def _design(**overrides):
+    chip, model = pm.get_chip("h100"), pm.get_model("llama-3.1-8b")
+    fields = dict(concurrency=8, layout=pm.Layout(tp=1), precision=pm.precision(chip, model))
+    return pm.Design(**{**fields, **overrides})
+
+
+# (what is built, the words its error names); each returned a result before.
+EXAMPLES = [
+    (lambda: pm.Workload(8192, 1024, request_rate=-5), "Workload.request_rate"),
+    (lambda: pm.Workload(0.5, 1024), "Workload.input_len"),
+    (lambda: pm.Workload("8192", 1024), "Workload.input_len"),
+    (lambda: pm.Workload(None, 1024), "Workload.input_len"),
+    (lambda: pm.Workload(8192, 1024, input_range_ratio=1.5), "Workload.input_range_ratio"),
+    (lambda: pm.Runtime(request_overhead=-1), "Runtime.request_overhead"),
+    (lambda: pm.Runtime(admission_steps=-10), "Runtime.admission_steps"),
+    (lambda: pm.Runtime(max_running=0), "Runtime.max_running"),
+    (lambda: pm.Runtime(memory_fraction=1.5), "Runtime.memory_fraction"),
+    (lambda: pm.Runtime(activation_reserve=-1e9), "Runtime.activation_reserve"),
+    (lambda: pm.Runtime(step_overhead=-1e-3), "Runtime.step_overhead"),
+    (lambda: pm.SpecDecode(draft_tokens=2, acceptance=math.nan), "SpecDecode.acceptance"),
+    (lambda: pm.SpecDecode(draft_tokens=-1), "SpecDecode.draft_tokens"),
+    (lambda: pm.SpecDecode(draft_tokens=2, draft_layers=-1), "SpecDecode.draft_layers"),
+    (lambda: pm.Switch(bandwidth=0.0, latency=1e-6), "Switch.bandwidth"),
+    (lambda: pm.Ring(bandwidth=1e11, latency=-1e-6), "Ring.latency"),
+    (lambda: pm.Torus(bandwidth=1e11, latency=1e-6, dims=(0, 0)), "Torus.dims"),
+    (lambda: pm.from_datasheet("x", **DATASHEET, idle_w=math.nan), "Chip.idle_power"),
+    (lambda: pm.from_datasheet("x", **DATASHEET, idle_w=800), "idle_power"),
+    (lambda: pm.from_datasheet("x", **{**DATASHEET, "tdp_w": 0}), "tdp_w"),
+    (lambda: pm.from_datasheet("x", **DATASHEET, num_slices=0), "Chip.num_slices"),
+    (lambda: pm.from_datasheet("x", **DATASHEET, domain_size=2.7), "domain_size"),
+    (lambda: pm.Efficiency(compute_max=0.0, bandwidth_max=0.0, attention_max=0.0),
+     "Efficiency.compute_max"),
+    (lambda: pm.Efficiency(memory_latency=-1e-6), "Efficiency.memory_latency"),
+    (lambda: pm.EnergyCoefficients(per_hbm_byte=-1e-12), "EnergyCoefficients.per_hbm_byte"),
+    (lambda: _design(layout="tp8"), "Design.layout"),
+    (lambda: _design(precision=None), "Design.precision"),
+    (lambda: _design(runtime=None), "Design.runtime"),
+    (lambda: _design(concurrency=-1), "Design.concurrency"),
+    (lambda: pm.Layout(tp=True), "Layout.tp"),
+    (lambda: pm.precision(pm.get_chip("h100"), pm.get_model("llama-3.1-8b"), weights=8),
+     "weights"),
+    (lambda: pm.precision(pm.get_chip("h100"), pm.get_model("llama-3.1-8b"),
+                          attention="fp3"), "attention"),
+]
+
+
+@pytest.mark.parametrize("build, field", EXAMPLES, ids=[f for _, f in EXAMPLES])
+def test_invalid_specs_are_refused_naming_the_field(build, field):
+    with pytest.raises((TypeError, ValueError)) as info:
+        build()
+    assert field in str(info.value)
+
+
+#: Per constructor: (build from keyword overrides, {field: (valid range test, invalid
+#: values strategy)}).
+def _numbers_outside(low, high, low_open, high_open):
+    below = st.floats(max_value=low, exclude_max=not low_open, allow_nan=False) \
+        if low > -math.inf else st.nothing()
+    above = st.floats(min_value=high, exclude_min=not high_open, allow_nan=False) \
+        if high < math.inf else st.nothing()
+    return st.one_of(below, above, st.just(math.nan), st.just(-math.inf),
+                     st.sampled_from(["1", "x", None, b"2", True]))
+
+
+FIELDS = {
+    "Workload": (lambda **k: pm.Workload(**{"input_len": 1024, "output_len": 256, **k}), {
+        "input_len": (1, math.inf, False, False), "output_len": (1, math.inf, True, False),
+        "input_range_ratio": (0, 1, True, False), "output_range_ratio": (0, 1, True, False),
+        "first_wave_fraction": (0, 1, False, False), "request_rate": (0, math.inf, True, False),
+    }),
+    "Runtime": (lambda **k: pm.Runtime(**k), {
+        "step_overhead": (0, math.inf, False, False), "seq_overhead": (0, math.inf, False, False),
+        "request_overhead": (0, math.inf, False, False),
+        "admission_steps": (0, math.inf, False, False),
+        "activation_reserve": (0, math.inf, False, False),
+        "max_batched_tokens": (1, math.inf, False, False),
+        "memory_fraction": (0, 1, True, False), "expert_efficiency": (0, 1, True, False),
+        "kernel_efficiency": (0, 1, True, False), "pipeline_overlap": (0, 1, False, False),
+    }),
+    "SpecDecode": (lambda **k: pm.SpecDecode(**k), {
+        "draft_tokens": (0, math.inf, False, False), "draft_layers": (0, math.inf, False, False),
+        "acceptance": (0, 1, False, True),
+    }),
+    "Efficiency": (lambda **k: pm.Efficiency(**k), {
+        "compute_max": (0, 1, True, False), "compute_rows_half": (0, math.inf, True, False),
+        "bandwidth_max": (0, 1, True, False), "memory_latency": (0, math.inf, False, False),
+        "kernel_overhead": (0, math.inf, False, False), "attention_max": (0, 1, True, False),
+    }),
+    "Switch": (lambda **k: pm.Switch(**{"bandwidth": 1e11, "latency": 1e-6, **k}), {
+        "bandwidth": (0, math.inf, True, False), "latency": (0, math.inf, False, False),
+        "efficiency": (0, 1, True, False), "base_latency": (0, math.inf, False, False),
+    }),
+    "from_datasheet": (lambda **k: pm.from_datasheet("x", **{**DATASHEET, **k}), {
+        "tdp_w": (0, math.inf, True, False), "hbm_tb_s": (0, math.inf, True, False),
+        "hbm_gb": (0, math.inf, True, False), "bf16_tflops": (0, math.inf, True, False),
+        "idle_w": (0, 700, False, True),
+    }),
+}
+
+
+#: Fields where None is valid: no open-loop rate, the default idle power.
+NONE_MEANS_DEFAULT = {"request_rate", "idle_w"}
+
+
+@st.composite
+def invalid(draw):
+    name = draw(st.sampled_from(sorted(FIELDS)))
+    build, fields = FIELDS[name]
+    field = draw(st.sampled_from(sorted(fields)))
+    value = draw(_numbers_outside(*fields[field]).filter(
+        lambda v: v is not None or field not in NONE_MEANS_DEFAULT))
+    return name, build, field, value
+
+
+@settings(max_examples=2000, deadline=None, derandomize=True)
+@given(invalid())
+def test_fuzz_invalid_values_are_refused(case):
+    name, build, field, value = case
+    with pytest.raises((TypeError, ValueError)) as info:
+        build(**{field: value})
+    text = str(info.value)
+    # from_datasheet names its own argument, or the Chip field it fills.
+    chip_field = {"tdp_w": "tdp", "hbm_tb_s": "hbm_bandwidth", "hbm_gb": "hbm_capacity",
+                  "bf16_tflops": "peak_flops", "idle_w": "idle_power"}.get(field, field)
+    assert field in text or chip_field in text, (name, field, value, text)
