@@ -251,7 +251,7 @@ def resolve_framework(name: str, frameworks: Sequence[str]) -> str:
 
 def to_json(params: Params, meta: dict | None = None, families_with_data=None,
             frameworks_with_data=None) -> dict:
-    """The `perfmodel/data/fitted_params.json` layout that `perfmodel.params` reads.
+    """The `perfmodel/data/fitted_params.json` layout that `perfmodel.fitted` reads.
 
     Args:
         params: fitted parameters.
