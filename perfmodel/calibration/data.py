@@ -6,7 +6,7 @@ layout), but an aggregated layout can also be given as numbers (`design.LayoutNu
 which the model evaluates with the same results. So the aggregated rows of one model, chip
 and precision form one `Batch` with a layout per row; a disaggregated layout stays static
 (`design.Disaggregated` takes static pools only) and its rows form a batch of their own.
-On the shipped InferenceMAX table that is 44 batches for 58 static structures.
+On the shipped InferenceMAX table that is 45 batches for 58 static structures.
 """
 
 from __future__ import annotations
