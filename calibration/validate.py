@@ -1,9 +1,9 @@
 """Fit and validate: `python calibration/validate.py [--no-refit] [--skip-loco]`.
 
-In one process (the group functions are compiled once and cached on disk, every refit is a
-weight mask): (a) the shipped fit on 80 % of the InferenceMAX rows plus GEMM/NCCL (written
-to `perfmodel/data/fitted_params.json`, see `fit.py`), its errors on those rows; (b) its
-errors on the held-out 20 % (`calibration/heldout.json`, never fitted); (c) leave-one-chip-out:
+In one process (the fit is compiled once and cached on disk, every refit is a weight mask):
+(a) the shipped fit on 80 % of the InferenceMAX rows plus GEMM/NCCL (written to
+`perfmodel/data/fitted_params.json`, see `fit.py`), its errors on those rows; (b) its errors
+on the held-out 20 % (`calibration/heldout.json`, never fitted); (c) leave-one-chip-out:
 refit from the priors without every sample of a chip (InferenceMAX, GEMM, NCCL), then predict
 all of that chip's rows from its specs with its family's (or the fallback family's)
 parameters and the remaining frameworks' parameters.
@@ -26,7 +26,7 @@ from collections import defaultdict
 import fit as fitting
 import numpy as np
 
-from perfmodel import calibrate as cal
+from perfmodel import calibration as cal
 from perfmodel import fitted as shipped
 from perfmodel.presets import chip_key
 
@@ -136,7 +136,7 @@ def main(argv=None):
     parser.add_argument("--no-refit", action="store_true",
                         help="validate the shipped fitted_params.json instead of refitting")
     parser.add_argument("--skip-loco", action="store_true")
-    parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--max-steps", type=int, default=fitting.MAX_STEPS)
     parser.add_argument("--chips", default=",".join(LOCO_CHIPS))
     parser.add_argument("--pooling", type=float, default=fitting.POOLING,
                         help="partial pooling scale of the families (<= 0: none)")
@@ -148,17 +148,18 @@ def main(argv=None):
     fitted, held = fitting.split(rows)
     fitting.write_heldout(held)
     problem = cal.Calibration(rows, gemm, nccl)
-    clock["compile_s"] = round(time.time() - start, 1)
-    print(f"compiled {len(problem.e2e.functions)} groups in {clock['compile_s']} s", flush=True)
     t = time.time()
     data = shipped.read(shipped.LATENCY_FILE) if args.no_refit else fitting.shipped_fit(
         problem, fitted, held, gemm, nccl, max_steps=args.max_steps, pooling=pooling)
     clock["fit_s"] = round(time.time() - t, 1)
-    print(f"fit: {data['result']} after {data['steps']} steps ({clock['fit_s']} s)", flush=True)
+    print(f"fit: {data['result']} after {data['steps']} steps ({clock['fit_s']} s, compile "
+          f"included)", flush=True)
+    t = time.time()
     params = cal.from_json(data)
-    preds = problem.e2e.predict(params)
-    fits = problem.e2e.fits()
-    position = problem.e2e.position
+    preds = problem.predict(params)
+    fits = problem.fits()
+    clock["predict_s"] = round(time.time() - t, 1)
+    position = problem.position
     report, sets = {"fit": {k: data.get(k) for k in ("result", "steps", "loss", "date",
                                                      "pooling")}}, {}
     for name, subset in (("fitted", fitted), ("held-out 20%", held)):
@@ -176,13 +177,14 @@ def main(argv=None):
             p = result.params.subset(families, frameworks)
             # A family left without data: the pooled row when pooling, else the sibling.
             fallback = {f: cal.POOLED for f in cal.FAMILY_FALLBACK} if pooling else None
-            pred = problem.e2e.predict(p, fallback)
+            pred = problem.predict(p, fallback)
             chip_rows = [(r, position[r.index]) for r in rows if chip_key(r.hardware) == chip]
             for _, k in chip_rows:
                 for m in METRICS:
                     loco_preds[m][k] = pred[m][k]
             loco_pairs += chip_rows
-            meta[chip] = {"result": result.result, "steps": result.steps,
+            meta[chip] = {"result": fitting.result_text(result.result),
+                          "steps": int(result.steps),
                           "seconds": round(time.time() - t_chip, 1),
                           "basis": sorted({pred["basis"][k] for _, k in chip_rows}),
                           "frameworks_fitted": list(frameworks)}

@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 
 import perfmodel as pm
-from perfmodel.calibrate import model_of
+from perfmodel.calibration import model_of
 from perfmodel.calibration_power import resolve_model
 
 # Hugging Face id -> published total parameter count, with its source. Counts from

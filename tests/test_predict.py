@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from perfmodel import calibrate as cal
+from perfmodel import calibration as cal
 from perfmodel.commands import predict as command
 from perfmodel.datasets import DataError
 

@@ -15,7 +15,7 @@ import argparse
 import csv
 import sys
 
-from ..calibrate import PREDICTION_KEYS, predict_rows
+from ..calibration import PREDICTION_KEYS, predict_rows
 from ..datasets import INFERENCEMAX_INPUTS, DataError, load_benchmarks, read_table
 from . import check_output
 

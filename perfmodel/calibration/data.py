@@ -1,0 +1,213 @@
+"""Benchmark rows to what the model evaluates: groups of one static structure, and batches
+of groups that one vmapped function can evaluate together.
+
+Parallel layouts are static in the model (`design.Layout`: one compiled program per
+layout), but an aggregated layout can also be given as numbers (`design.LayoutNumbers`),
+which the model evaluates with the same results. So the aggregated rows of one model, chip
+and precision form one `Batch` with a layout per row; a disaggregated layout stays static
+(`design.Disaggregated` takes static pools only) and its rows form a batch of their own.
+On the shipped InferenceMAX table that is 45 batches for 58 static structures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..architecture import Model
+from ..datasets import MTP_DRAFT_TOKENS, BenchRow
+from ..design import Design, Disaggregated, Layout, LayoutNumbers, Runtime, precision
+from ..hardware import Chip
+from ..presets import find_model, get_chip
+from .params import (
+    FRAMEWORK_FIELDS,
+    FRAMEWORK_SETTINGS,
+    Params,
+    prior_row,
+    resolve_framework,
+)
+
+#: The per-row numbers the model reads (`row_inputs`): input and output tokens (tokens),
+#: concurrency (requests), MTP draft tokens (tokens) and activation reserve (bytes).
+INPUTS = ("isl", "osl", "conc", "draft", "reserve")
+
+
+@dataclasses.dataclass
+class Group:
+    """Rows sharing one static structure (model, chip, precision, layout)."""
+
+    model: Model
+    chip: Chip
+    family: str
+    design: Design
+    rows: list
+
+
+def _layout(pool) -> Layout:
+    return Layout(tp=pool.tp, ep=pool.ep, dp_attention=pool.dp_attention,
+                  replicas=pool.replicas)
+
+
+def model_of(name: str) -> Model:
+    """A model preset by name, else a shipped Hugging Face config (`presets.find_model`).
+
+    Raises:
+        ValueError: neither exists ("unknown model ...").
+
+    Example:
+        >>> model_of("gpt-oss-120b").is_moe
+        True
+    """
+    return find_model(name)
+
+
+def build_groups(rows: Sequence[BenchRow]) -> tuple[list[Group], dict[int, str]]:
+    """Group rows by static structure and build their specs (uncalibrated chip).
+
+    Returns:
+        (groups, errors): rows that cannot be modelled are left out, with a message by row
+        index (unknown model or chip, a layout the model rejects).
+
+    Example:
+        >>> import perfmodel.datasets as ds
+        >>> row = ds.BenchRow(0, 2, "gpt-oss-120b", "b200", "vllm", "fp4", 1024., 1024.,
+        ...                   8., False, ds.PoolLayout(1, 1, False), None, None, {})
+        >>> groups, errors = build_groups([row])
+        >>> groups[0].family, groups[0].design.layout.describe(), errors
+        ('blackwell', 'tp1', {})
+    """
+    structures: dict[tuple, list[BenchRow]] = {}
+    for row in rows:
+        structures.setdefault(row.structure, []).append(row)
+    groups, errors = [], {}
+    for members in structures.values():
+        row = members[0]
+        try:
+            model = model_of(row.model)
+            chip = get_chip(row.hardware, calibrated=False)
+            prec = precision(chip, model, row.precision)
+            if row.disaggregated:
+                layout = Disaggregated(prefill=_layout(row.prefill), decode=_layout(row.decode))
+                pools = (layout.prefill, layout.decode)
+            else:
+                layout = _layout(row.layout)
+                pools = (layout,)
+            if model.is_moe:
+                # Wide EP over a group that does not divide the experts (SGLang's 48-GPU
+                # decode with EPLB's redundant experts): experts spread over the largest
+                # divisor, tensor-parallel over the rest of the group.
+                fixed = [Layout(tp=pool.tp, ep=math.gcd(pool.ep, model.num_experts),
+                                pp=pool.pp, dp_attention=pool.dp_attention,
+                                replicas=pool.replicas) for pool in pools]
+                if isinstance(layout, Disaggregated):
+                    layout = Disaggregated(prefill=fixed[0], decode=fixed[1])
+                else:
+                    layout = fixed[0]
+            design = Design(concurrency=1.0, layout=layout, precision=prec)
+        except ValueError as error:
+            for member in members:
+                errors[member.index] = str(error)
+            continue
+        groups.append(Group(model=model, chip=chip, family=chip.family, design=design,
+                            rows=members))
+    return groups, errors
+
+
+def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
+    """The `INPUTS` of each row, float64 arrays of shape (rows,).
+
+    Example:
+        >>> import perfmodel.datasets as ds
+        >>> row = ds.BenchRow(0, 2, "gpt-oss-120b", "b200", "sglang", "fp4", 1024., 512.,
+        ...                   8., True, ds.PoolLayout(1, 1, False), None, None, {})
+        >>> {k: float(v[0]) for k, v in row_inputs([row]).items()}
+        {'isl': 1024.0, 'osl': 512.0, 'conc': 8.0, 'draft': 2.0, 'reserve': 0.0}
+    """
+    reserve = float(Runtime().activation_reserve)
+    return dict(
+        isl=np.array([r.isl for r in rows], dtype=float),
+        osl=np.array([r.osl for r in rows], dtype=float),
+        conc=np.array([r.conc for r in rows], dtype=float),
+        draft=np.array([MTP_DRAFT_TOKENS if r.mtp else 0.0 for r in rows]),
+        reserve=np.array([FRAMEWORK_SETTINGS.get(r.framework, {}).get(
+            "activation_reserve", reserve) for r in rows]))
+
+
+def framework_rows(rows: Sequence[BenchRow], params: Params) -> np.ndarray:
+    """(rows, len(FRAMEWORK_FIELDS)) unconstrained framework values of each row: its own,
+    its fallback's (`params.FRAMEWORK_FALLBACK`), else the priors."""
+    table = np.asarray(params.framework_raw)
+    prior = prior_row(FRAMEWORK_FIELDS)
+    out = np.empty((len(rows), len(FRAMEWORK_FIELDS)))
+    for i, row in enumerate(rows):
+        name = resolve_framework(row.framework, params.frameworks)
+        out[i] = table[params.frameworks.index(name)] if name else prior
+    return out
+
+
+class Batch(eqx.Module):
+    """Rows that one vmapped model function evaluates: one model, chip and precision, and
+    either a static disaggregated layout or a per-row aggregated layout (`layouts`).
+
+    Example:
+        >>> import perfmodel.datasets as ds
+        >>> rows = [ds.BenchRow(i, i + 2, "gpt-oss-120b", "b200", "vllm", "fp4", 1024.,
+        ...                     1024., 8., False, ds.PoolLayout(tp, 1, False), None, None,
+        ...                     {}) for i, tp in enumerate((1, 2))]
+        >>> [b.size for b in batches(build_groups(rows)[0])]
+        [2]
+    """
+
+    model: Model
+    chip: Chip
+    """The uncalibrated chip (the family's fitted values replace its efficiencies)."""
+    design: Design
+    """Precision and, when disaggregated, the static layout; the per-row numbers replace
+    its concurrency, speculative decoding and runtime."""
+    layouts: LayoutNumbers | None
+    """(rows,) aggregated layouts as numbers, or None when `design.layout` is static."""
+    inputs: dict[str, jnp.ndarray]
+    """`INPUTS` of each row, (rows,) each."""
+    family: str = eqx.field(static=True)
+    indices: tuple[int, ...] = eqx.field(static=True)
+    """`BenchRow.index` of each row."""
+    frameworks: tuple[str, ...] = eqx.field(static=True)
+    """Serving framework of each row."""
+
+    @property
+    def size(self) -> int:
+        return len(self.indices)
+
+
+def _stack(layouts: Sequence[LayoutNumbers]) -> LayoutNumbers:
+    return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *layouts)
+
+
+def batches(groups: Sequence[Group]) -> list[Batch]:
+    """The groups as batches: aggregated groups of one model, chip and precision merged
+    (their layouts as per-row numbers), each disaggregated group alone."""
+    keyed: dict[tuple, list[Group]] = {}
+    for g in groups:
+        row = g.rows[0]
+        key = (row.model, row.hardware, row.precision,
+               g.design.layout if g.design.disaggregated else None)
+        keyed.setdefault(key, []).append(g)
+    out = []
+    for members in keyed.values():
+        first = members[0]
+        rows = tuple(r for g in members for r in g.rows)
+        layouts = None
+        if not first.design.disaggregated:
+            layouts = _stack([g.design.layout.numbers() for g in members for _ in g.rows])
+        inputs = {k: jnp.asarray(v) for k, v in row_inputs(rows).items()}
+        out.append(Batch(model=first.model, chip=first.chip, design=first.design,
+                         layouts=layouts, inputs=inputs, family=first.family,
+                         indices=tuple(r.index for r in rows),
+                         frameworks=tuple(r.framework for r in rows)))
+    return out

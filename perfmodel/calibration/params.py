@@ -1,0 +1,306 @@
+"""What the latency calibration fits, and its file format.
+
+`Params` holds, in unconstrained space (logits for fractions, logs for positive quantities,
+so every value stays physical):
+
+- per chip family (`FAMILY_FIELDS`): the `hardware.Efficiency` fields (compute fraction vs
+  matmul rows, bandwidth fraction, memory latency, per-kernel overhead, attention fraction)
+  and the scale-up collective terms (bandwidth efficiency, latency per algorithm step, fixed
+  cost);
+- per serving framework (`FRAMEWORK_FIELDS`): host time per engine step, per-request time
+  outside the engine (HTTP, tokenization) and the engine steps a new request waits before its
+  prefill is scheduled (`design.Runtime`).
+
+`to_json` and `from_json` are the only writer and reader of the layout of
+`perfmodel/data/fitted_params.json` on the calibration side (`perfmodel.fitted` reads the
+file and applies it to chips).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..hardware import Chip
+
+#: (name, space, prior value, prior width in the unconstrained space) per chip family.
+#: Priors: aiconfigurator's 0.8 x HBM and 3 us memory latency (see `hardware.Efficiency`),
+#: NCCL's few-us launch cost.
+FAMILY_FIELDS = (
+    ("compute_max", "logit", 0.75, 1.0),
+    ("compute_rows_half", "log", 64.0, 1.5),
+    ("bandwidth_max", "logit", 0.8, 1.0),
+    ("memory_latency", "log", 3e-6, 1.0),
+    ("kernel_overhead", "log", 2e-6, 1.0),
+    ("attention_max", "logit", 0.5, 1.0),
+    ("collective_efficiency", "logit", 0.8, 1.0),
+    ("collective_latency", "log", 1e-6, 1.5),
+    ("collective_base_latency", "log", 6e-6, 1.0),
+)
+#: Per serving framework (fields of `design.Runtime`): a 1 ms host step (vLLM V1 scheduler
+#: profiles), 15 ms per request outside the engine, half a step of admission wait. The
+#: admission prior is wide: SGLang and TRT-LLM hold new prompts while decodes run.
+FRAMEWORK_FIELDS = (
+    ("step_overhead", "log", 1e-3, 1.5),
+    ("request_overhead", "log", 0.015, 1.5),
+    ("admission_steps", "log", 0.5, 2.0),
+)
+FAMILY_NAMES = tuple(f[0] for f in FAMILY_FIELDS)
+FRAMEWORK_NAMES = tuple(f[0] for f in FRAMEWORK_FIELDS)
+_EFFICIENCY = FAMILY_NAMES[:6]
+_COLLECTIVE = {"collective_efficiency": "efficiency", "collective_latency": "latency",
+               "collective_base_latency": "base_latency"}
+
+#: Runtime settings that are documented, not fitted. SGLang's `mem_fraction_static` (0.8-0.9)
+#: covers weights and the KV pool only; activations and CUDA graphs live in the rest, so no
+#: activation reserve comes out of the fraction (vLLM's gpu_memory_utilization includes its
+#: profiled activation peak, hence the 4 GB default reserve there).
+FRAMEWORK_SETTINGS = {"sglang": {"activation_reserve": 0.0},
+                      "dynamo-sglang": {"activation_reserve": 0.0},
+                      "sglang-disagg": {"activation_reserve": 0.0}}
+
+#: Families without data use another's fitted parameters (documented in calibration/).
+FAMILY_FALLBACK = {"rubin": "blackwell", "jalapeno": "blackwell", "tpu": "blackwell",
+                   "groq": "blackwell", "cdna3": "cdna4", "cdna4": "cdna3",
+                   "hopper": "blackwell", "blackwell": "hopper"}
+#: Frameworks without data: the engine they are built on.
+FRAMEWORK_FALLBACK = {"dynamo-trt": "trt", "dynamo-sglang": "sglang", "sglang-disagg": "sglang",
+                      "dynamo-vllm": "vllm", "atom": "vllm", "trt": "vllm",
+                      "sglang": "vllm", "vllm": "sglang"}
+
+#: Name of the pooled (across-family) row of a partially pooled fit (`latency.Prior`).
+POOLED = "pooled"
+
+
+def _to_raw(space: str, value: float) -> float:
+    return math.log(value / (1.0 - value)) if space == "logit" else math.log(value)
+
+
+def _from_raw(space: str, raw):
+    return jax.nn.sigmoid(raw) if space == "logit" else jnp.exp(raw)
+
+
+def prior_row(fields) -> np.ndarray:
+    """Unconstrained prior values of `FAMILY_FIELDS` or `FRAMEWORK_FIELDS`, shape (fields,).
+
+    Example:
+        >>> round(float(np.exp(prior_row(FRAMEWORK_FIELDS)[0])), 6)
+        0.001
+    """
+    return np.array([_to_raw(space, value) for _, space, value, _ in fields])
+
+
+class Params(eqx.Module):
+    """Fitted parameters in unconstrained space (logit for fractions, log for positives).
+
+    Example:
+        >>> p = Params.prior(("blackwell",), ("vllm",))
+        >>> round(float(p.values()["families"]["blackwell"]["compute_max"]), 3)
+        0.75
+        >>> round(p.values()["frameworks"]["vllm"]["request_overhead"], 3)
+        0.015
+    """
+
+    family_raw: jnp.ndarray
+    """(families, len(FAMILY_FIELDS)) unconstrained values (logit or log of the SI value)."""
+    framework_raw: jnp.ndarray
+    """(frameworks, len(FRAMEWORK_FIELDS)) unconstrained values."""
+    families: tuple[str, ...] = eqx.field(static=True)
+    frameworks: tuple[str, ...] = eqx.field(static=True)
+
+    def __check_init__(self):
+        if self.family_raw.shape != (len(self.families), len(FAMILY_FIELDS)):
+            raise ValueError(f"Params.family_raw has shape {self.family_raw.shape}; expected "
+                             f"({len(self.families)}, {len(FAMILY_FIELDS)})")
+        if self.framework_raw.shape != (len(self.frameworks), len(FRAMEWORK_FIELDS)):
+            raise ValueError(f"Params.framework_raw has shape {self.framework_raw.shape}; "
+                             f"expected ({len(self.frameworks)}, {len(FRAMEWORK_FIELDS)})")
+
+    @staticmethod
+    def prior(families: Sequence[str], frameworks: Sequence[str]) -> Params:
+        """Parameters at their priors."""
+        fam = np.tile(prior_row(FAMILY_FIELDS), (len(families), 1))
+        fw = np.tile(prior_row(FRAMEWORK_FIELDS), (len(frameworks), 1))
+        return Params(family_raw=jnp.asarray(fam.reshape(len(families), len(FAMILY_FIELDS))),
+                      framework_raw=jnp.asarray(fw.reshape(len(frameworks),
+                                                           len(FRAMEWORK_FIELDS))),
+                      families=tuple(families), frameworks=tuple(frameworks))
+
+    @property
+    def flat(self) -> jnp.ndarray:
+        """Every unconstrained value, families first, shape (size,)."""
+        return jnp.concatenate([self.family_raw.ravel(), self.framework_raw.ravel()])
+
+    def with_flat(self, theta) -> Params:
+        """The same families and frameworks with the values of a flat vector (`flat`)."""
+        n = self.family_raw.size
+        theta = jnp.asarray(theta, dtype=float)
+        return eqx.tree_at(lambda p: (p.family_raw, p.framework_raw), self,
+                           (theta[:n].reshape(self.family_raw.shape),
+                            theta[n:].reshape(self.framework_raw.shape)))
+
+    def values(self) -> dict:
+        """Physical values (SI units): {"families": {family: {field: value}},
+        "frameworks": {...}}."""
+        fams = {fam: {name: float(_from_raw(space, self.family_raw[i, j]))
+                      for j, (name, space, _, _) in enumerate(FAMILY_FIELDS)}
+                for i, fam in enumerate(self.families)}
+        fws = {fw: {name: float(_from_raw(space, self.framework_raw[i, j]))
+                    for j, (name, space, _, _) in enumerate(FRAMEWORK_FIELDS)}
+               for i, fw in enumerate(self.frameworks)}
+        return {"families": fams, "frameworks": fws}
+
+    @staticmethod
+    def from_values(values: dict) -> Params:
+        """Inverse of `values` (missing fields take their priors)."""
+        families = tuple(values.get("families", {}))
+        frameworks = tuple(values.get("frameworks", {}))
+
+        def raw(given, fields):
+            return [_to_raw(space, float(given.get(name, prior)))
+                    for name, space, prior, _ in fields]
+
+        fam = [raw(values["families"][f], FAMILY_FIELDS) for f in families]
+        fw = [raw(values["frameworks"][f], FRAMEWORK_FIELDS) for f in frameworks]
+        return Params(family_raw=jnp.asarray(np.reshape(np.array(fam, dtype=float),
+                                                        (len(families), len(FAMILY_FIELDS)))),
+                      framework_raw=jnp.asarray(np.reshape(np.array(fw, dtype=float),
+                                                           (len(frameworks),
+                                                            len(FRAMEWORK_FIELDS)))),
+                      families=families, frameworks=frameworks)
+
+    def subset(self, families: Sequence[str], frameworks: Sequence[str]) -> Params:
+        """Only the given families and frameworks (those the data covered)."""
+        v = self.values()
+        return Params.from_values({
+            "families": {f: v["families"][f] for f in self.families if f in families},
+            "frameworks": {f: v["frameworks"][f] for f in self.frameworks if f in frameworks}})
+
+
+def family_values(raw) -> dict:
+    """Physical values (SI) of one family's unconstrained row (..., len(FAMILY_FIELDS));
+    traceable."""
+    return {name: _from_raw(space, raw[..., j]) for j, (name, space, _, _) in
+            enumerate(FAMILY_FIELDS)}
+
+
+def framework_values(raw) -> dict:
+    """Physical values (SI) of unconstrained framework rows (..., len(FRAMEWORK_FIELDS));
+    traceable."""
+    return {name: _from_raw(space, raw[..., j]) for j, (name, space, _, _) in
+            enumerate(FRAMEWORK_FIELDS)}
+
+
+def with_family(chip: Chip, raw) -> Chip:
+    """`chip` with one family's parameters (an unconstrained row of `Params.family_raw`).
+
+    Example:
+        >>> from perfmodel.presets import get_chip
+        >>> chip = with_family(get_chip("h100", calibrated=False),
+        ...                    Params.prior(("hopper",), ()).family_raw[0])
+        >>> round(float(chip.efficiency.bandwidth_max), 3)
+        0.8
+    """
+    values = family_values(raw)
+    eff = eqx.tree_at(lambda e: tuple(getattr(e, n) for n in _EFFICIENCY), chip.efficiency,
+                      tuple(values[n] for n in _EFFICIENCY))
+    chip = eqx.tree_at(lambda c: c.efficiency, chip, eff)
+    return eqx.tree_at(lambda c: tuple(getattr(c.scale_up, v) for v in _COLLECTIVE.values()),
+                       chip, tuple(values[k] for k in _COLLECTIVE))
+
+
+def resolve_family(family: str, params: Params, fallback: dict | None = None
+                   ) -> tuple[str, str]:
+    """(fitted family to use or "", a basis label) along the fallback map.
+
+    Example:
+        >>> resolve_family("rubin", Params.prior(("blackwell",), ()))
+        ('blackwell', 'specs+fitted:blackwell (family rubin unfitted)')
+    """
+    fallback = FAMILY_FALLBACK if fallback is None else fallback
+    name, seen = family, set()
+    while name not in params.families and name not in seen and name:
+        seen.add(name)
+        name = fallback.get(name, "")
+    if name in params.families:
+        if name != family:
+            return name, f"specs+fitted:{name} (family {family} unfitted)"
+        return name, f"fitted:{name}"
+    return "", f"specs+priors (family {family} unfitted)"
+
+
+def resolve_framework(name: str, frameworks: Sequence[str]) -> str:
+    """The fitted framework a framework uses: itself, else along `FRAMEWORK_FALLBACK`, else
+    "" (priors).
+
+    Example:
+        >>> resolve_framework("dynamo-trt", ("trt", "vllm")), resolve_framework("x", ("trt",))
+        ('trt', '')
+    """
+    seen = set()
+    while name and name not in frameworks and name not in seen:
+        seen.add(name)
+        name = FRAMEWORK_FALLBACK.get(name, "")
+    return name if name in frameworks else ""
+
+
+def to_json(params: Params, meta: dict | None = None, families_with_data=None,
+            frameworks_with_data=None) -> dict:
+    """The `perfmodel/data/fitted_params.json` layout that `perfmodel.fitted` reads.
+
+    Args:
+        params: fitted parameters.
+        meta: fit metadata written before the parameters (date, data files, result, ...).
+        families_with_data, frameworks_with_data: what to write (default: all of `params`);
+            the fallback maps then cover the rest.
+
+    Example:
+        >>> data = to_json(Params.prior(("hopper",), ("vllm",)))
+        >>> data["family_fallback"]["blackwell"], data["framework_fallback"]["dynamo-vllm"]
+        ('hopper', 'vllm')
+    """
+    values = params.values()
+    keep = families_with_data if families_with_data is not None else params.families
+    keep_fw = frameworks_with_data if frameworks_with_data is not None else params.frameworks
+    families = {}
+    for fam, v in values["families"].items():
+        if fam not in keep:
+            continue
+        families[fam] = {"efficiency": {n: v[n] for n in _EFFICIENCY},
+                         "scale_up": {_COLLECTIVE[k]: v[k] for k in _COLLECTIVE}}
+    frameworks = {fw: {**v, **FRAMEWORK_SETTINGS.get(fw, {})}
+                  for fw, v in values["frameworks"].items() if fw in keep_fw}
+    fallback = {fam: t for fam, t in FAMILY_FALLBACK.items()
+                if fam not in families and t in families}
+    fw_fallback = {fw: t for fw, t in FRAMEWORK_FALLBACK.items()
+                   if fw not in frameworks and t in frameworks}
+    return {"version": 2, **(meta or {}), "families": families, "family_fallback": fallback,
+            "frameworks": frameworks, "framework_fallback": fw_fallback}
+
+
+def from_json(data: dict) -> Params:
+    """`Params` from the JSON layout of `to_json` (families as fitted, no fallbacks).
+
+    Example:
+        >>> p = from_json(to_json(Params.prior(("hopper",), ("vllm",))))
+        >>> p.families, p.frameworks
+        (('hopper',), ('vllm',))
+    """
+    fams = {}
+    for fam, groups in data.get("families", {}).items():
+        if "efficiency" not in groups:
+            continue
+        v = dict(groups["efficiency"])
+        for key, field in _COLLECTIVE.items():
+            if field in groups.get("scale_up", {}):
+                v[key] = groups["scale_up"][field]
+        fams[fam] = v
+    fws = {fw: {k: v for k, v in given.items() if k in FRAMEWORK_NAMES}
+           for fw, given in data.get("frameworks", {}).items()}
+    return Params.from_values({"families": fams, "frameworks": fws})
+

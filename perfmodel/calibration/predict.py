@@ -1,0 +1,119 @@
+"""Predictions of benchmark rows with given (by default the shipped) fitted parameters.
+
+Power comes from the power fit (`perfmodel.fitted.apply`, as every command builds a chip), so
+`pred_power_w_per_gpu` is the package's power model. The latency fit itself runs on the
+prior energies (the power fit is fitted after it, on its parameters); the power cap makes
+latency depend slightly on the energies: on the InferenceMAX table the fitted power moves
+throughput by a median 2e-7 and at most 4 % (rows near TDP), median APE by under 0.1 point.
+
+Eager evaluation, one group of rows of one static structure at a time, padded to `BATCH`
+rows: every group runs the same eager operations on the same shapes, so nothing compiles
+per layout and a whole table takes seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from .. import fitted
+from ..datasets import BenchRow
+from . import data
+from .latency import row_metrics
+from .params import FAMILY_FIELDS, Params, from_json, prior_row, resolve_family
+
+PREDICTION_KEYS = ("pred_tput_per_gpu", "pred_output_tput_per_gpu", "pred_median_ttft_s",
+                   "pred_median_tpot_s", "pred_median_e2el_s",
+                   "pred_median_intvty_tok_s_user", "pred_p99_ttft_s", "pred_p99_tpot_s",
+                   "pred_power_w_per_gpu", "pred_j_per_output_token")
+#: Rows every eager evaluation is padded to (fixed shapes: eager ops compile once).
+BATCH = 64
+
+
+def _padded(rows: Sequence[BenchRow], start: int) -> list:
+    chunk = list(rows[start:start + BATCH])
+    return chunk + [chunk[-1]] * (BATCH - len(chunk))
+
+
+def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
+                 fallback: dict | None = None,
+                 measured: Sequence[str] | None = None,
+                 power: Mapping | None = None) -> list[dict]:
+    """Predictions for benchmark rows, in row order.
+
+    Args:
+        rows: interpreted rows (`datasets.load_benchmarks`).
+        params: fitted parameters; None loads the shipped `fitted_params.json`.
+        fallback: family -> family map for families absent from `params`
+            (default `params.FAMILY_FALLBACK`).
+        measured: chips with end-to-end measurements in the fit (for `pred_basis`); the
+            shipped file's list when `params` is None.
+        power: a power-fit dict giving the chips' energy and idle terms (default: the
+            shipped `fitted_power.json`; {} keeps the priors, which the latency fit uses).
+
+    Returns:
+        One dict per row: the `PREDICTION_KEYS` (SI units: tokens/s, s, W, J; floats, or
+        None with `pred_error` set), `pred_basis` (which family's fitted parameters were
+        used, and whether the chip itself was measured) and `pred_error` (why a row has no
+        prediction, or a warning when the layout does not fit in HBM).
+
+    Example:
+        >>> import perfmodel.datasets as ds
+        >>> row = ds.BenchRow(0, 2, "gpt-oss-120b", "b200", "vllm", "fp4", 1024., 1024.,
+        ...                   8., False, ds.PoolLayout(1, 1, False), None, None, {})
+        >>> out = predict_rows([row], Params.prior(("blackwell",), ("vllm",)))[0]
+        >>> out["pred_basis"], out["pred_tput_per_gpu"] > 0
+        ('fitted:blackwell', True)
+    """
+    if params is None:
+        shipped = fitted.read(fitted.LATENCY_FILE)
+        params = from_json(shipped)
+        measured = shipped.get("measured_chips", measured)
+    groups, errors = data.build_groups(rows)
+    out: list[dict | None] = [None] * len(rows)
+    position = {row.index: k for k, row in enumerate(rows)}
+    for index, message in errors.items():
+        out[position[index]] = {key: None for key in PREDICTION_KEYS} | {
+            "pred_basis": "", "pred_error": message}
+    for g in groups:
+        family, basis = resolve_family(g.family, params, fallback)
+        if family == g.family and measured is not None and g.chip.name not in measured:
+            basis = f"specs+fitted:{family} ({g.chip.name} not measured)"
+        raw = (params.family_raw[params.families.index(family)] if family else
+               jnp.asarray(prior_row(FAMILY_FIELDS)))
+        # Latency terms come from `raw`; only the power fit's terms are applied here.
+        chip = fitted.apply(g.chip, latency={}, power=power)
+        for start in range(0, len(g.rows), BATCH):
+            chunk = _padded(g.rows, start)
+            x = {k: jnp.asarray(v) for k, v in data.row_inputs(chunk).items()}
+            m = row_metrics(g.model, chip, g.design, raw,
+                            jnp.asarray(data.framework_rows(chunk, params)), **x)
+            values = {
+                "pred_tput_per_gpu": m.throughput_per_chip,
+                "pred_output_tput_per_gpu": m.output_throughput_per_chip,
+                "pred_median_ttft_s": m.ttft, "pred_median_tpot_s": m.tpot,
+                "pred_median_e2el_s": m.e2e, "pred_median_intvty_tok_s_user": m.interactivity,
+                "pred_p99_ttft_s": m.p99_ttft, "pred_p99_tpot_s": m.p99_tpot,
+                "pred_power_w_per_gpu": m.power_per_chip,
+                "pred_j_per_output_token": m.j_per_output_token}
+            values = {k: np.broadcast_to(np.asarray(v), (BATCH,)) for k, v in values.items()}
+            excess = np.broadcast_to(np.asarray(m.memory_excess), (BATCH,))
+            for j, row in enumerate(g.rows[start:start + BATCH]):
+                entry = {k: float(v[j]) for k, v in values.items()}
+                bad = [k for k, v in entry.items() if not math.isfinite(v)]
+                entry["pred_basis"] = basis
+                entry["pred_error"] = ""
+                if bad:
+                    entry = {k: None for k in PREDICTION_KEYS} | {
+                        "pred_basis": basis,
+                        "pred_error": f"non-finite prediction ({', '.join(bad)})"}
+                elif excess[j] > 0:
+                    entry["pred_error"] = (
+                        f"warning: does not fit: weights + reserve + one sequence need "
+                        f"{1.0 + excess[j]:.2f}x the usable HBM per chip (memory_fraction x "
+                        f"capacity); throughput is predicted as if almost nothing ran")
+                out[position[row.index]] = entry
+    return out
