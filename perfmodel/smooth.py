@@ -15,10 +15,29 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 
 #: Default p of the p-norm; see the module docstring for the bound it gives.
 DEFAULT_SHARPNESS = 24.0
+
+
+@jax.custom_jvp
+def _hard_max(stack):
+    """`max` over the leading axis, whose derivative is that of the (first) largest
+    argument. JAX's own rule for `max` divides by the number of arguments equal to the
+    result; when a compiler evaluates the result and the arguments with different rounding
+    (XLA:CPU did, at LLVM -O0 without fusion emitters), none is equal, and the derivative
+    is 0 / 0."""
+    return jnp.max(stack, axis=0)
+
+
+@_hard_max.defjvp
+def _hard_max_jvp(primals, tangents):
+    (stack,), (dstack,) = primals, tangents
+    first = jnp.argmax(stack, axis=0)[None]
+    return (jnp.take_along_axis(stack, first, axis=0)[0],
+            jnp.take_along_axis(dstack, first, axis=0)[0])
 
 
 def smooth_max(*xs, sharpness=DEFAULT_SHARPNESS, hard: bool = False):
@@ -43,7 +62,7 @@ def smooth_max(*xs, sharpness=DEFAULT_SHARPNESS, hard: bool = False):
         # A reduction over the stack: under a wide vmap (enumeration) XLA:CPU fuses a chain
         # of pairwise maxima into each consumer and recomputes it there (measured: 18 ->
         # 23 ms for 140k designs).
-        return jnp.max(jnp.stack(xs), axis=0)
+        return _hard_max(jnp.stack(xs))
     # Unstacked (in the gradient step a stack of the arguments is an array over XLA:CPU's
     # 512-byte limit for running a loop body in order; see `optimize._block`), and in the
     # log domain: top * (sum_i (x_i / top)^p)^(1/p) = exp(m + log(sum_i exp(p (l_i -

@@ -95,3 +95,19 @@ def test_soft_penalty():
     assert float(soft_penalty(-1.0)) < 1e-10
     np.testing.assert_allclose(float(soft_penalty(1.0)), 1.0, rtol=1e-10)
     np.testing.assert_allclose(float(soft_penalty(0.0)), np.log(2) / 24, rtol=1e-12)
+
+
+def test_hard_max_derivative_is_the_largest_arguments():
+    """The exact max's derivative is the largest argument's (the first one on a tie), by
+    construction: JAX's rule divides by the count of arguments equal to the result, which
+    was 0 / 0 in the compiled search kernel when the result and the arguments came out of
+    XLA:CPU with different rounding (the design_optimization notebook's GB300 case)."""
+    x = jnp.asarray([1.0, 3.0, 2.0])
+    f = lambda x: smooth_max(x[0], x[1], x[2], hard=True)
+    assert float(f(x)) == 3.0
+    np.testing.assert_array_equal(jax.grad(f)(x), [0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(jax.jacfwd(f)(x), [0.0, 1.0, 0.0])
+    tie = jnp.asarray([2.0, 2.0, 1.0])
+    np.testing.assert_array_equal(jax.grad(f)(tie), [1.0, 0.0, 0.0])
+    batched = jax.vmap(jax.grad(f))(jnp.asarray([[1.0, 3.0, 2.0], [5.0, 0.0, 1.0]]))
+    np.testing.assert_array_equal(batched, [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
