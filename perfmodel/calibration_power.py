@@ -649,6 +649,11 @@ def errors(params: PowerParams, batch: Batch) -> dict:
     return out
 
 
+#: The prediction columns of measurement-style rows (`Metrics.to_row("pred_")` keys).
+POWER_PREDICTION_KEYS = ("pred_power_w_modelled", "pred_j_per_output_token",
+                         "pred_output_tput_per_chip")
+
+
 def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dict]:
     """Predicted power, J per output token and output tokens/s per GPU for measurement-style
     rows (the columns of `power_measurements.csv`), for `perfmodel predict`.
@@ -658,8 +663,8 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
     osl; isl when known, else the input length of `ASSUMED_ISL` for its workload.
 
     Returns:
-        One dict per row: the row plus `pred_avg_power_w_per_gpu`,
-        `pred_energy_j_per_output_token`, `pred_output_tokens_per_s_per_gpu`, `pred_isl`,
+        One dict per row: the row plus `pred_power_w_modelled`,
+        `pred_j_per_output_token`, `pred_output_tput_per_chip`, `pred_isl`,
         `pred_isl_assumed` and `pred_status` ("ok", "does not fit in memory" or why the row
         could not be evaluated: "unknown model ...").
 
@@ -668,15 +673,15 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
         ...            num_gpus="1", parallelism="TP1", precision="bfloat16",
         ...            max_batch_size="64", osl="400", framework="vLLM 0.11.1")
         >>> out = predict_power_rows([row])[0]
-        >>> out["pred_status"], 100 < out["pred_avg_power_w_per_gpu"] <= 700
+        >>> out["pred_status"], 100 < out["pred_power_w_modelled"] <= 700
         ('ok', True)
     """
     fitted = fitted_params.read(fitted_params.POWER_FILE) if fitted is None else fitted
     specs, skipped = specs_of(rows)
     out = [dict(row) for row in rows]
     for i, why in skipped:
-        out[i].update(pred_avg_power_w_per_gpu=None, pred_energy_j_per_output_token=None,
-                      pred_output_tokens_per_s_per_gpu=None, pred_isl=None,
+        out[i].update(pred_power_w_modelled=None, pred_j_per_output_token=None,
+                      pred_output_tput_per_chip=None, pred_isl=None,
                       pred_isl_assumed=None, pred_status=why)
     groups: dict = {}
     for spec in specs:
@@ -686,13 +691,11 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
         chip = fitted_params.apply(get_chip(first.chip_name, calibrated=False), power=fitted)
         design, workload = _inputs(members, chip, fitted)
         m = predict_jit(first.model, chip, workload, design, hard=True, check=False)
+        row = {k: np.asarray(v) for k, v in m.to_row("pred_").items()}
         for j, spec in enumerate(members):
-            fits = bool(np.asarray(m.fits)[j])
+            fits = bool(row["pred_fits"][j])
             out[spec.index].update(
-                pred_avg_power_w_per_gpu=float(np.asarray(m.power_per_chip)[j]),
-                pred_energy_j_per_output_token=float(np.asarray(m.j_per_output_token)[j]),
-                pred_output_tokens_per_s_per_gpu=float(
-                    np.asarray(m.output_throughput_per_chip)[j]),
+                {k: float(row[k][j]) for k in POWER_PREDICTION_KEYS},
                 pred_isl=spec.isl, pred_isl_assumed=spec.isl_assumed,
                 pred_status="ok" if fits else "does not fit in memory")
     return out

@@ -298,8 +298,10 @@ def test_compiled_predictions_match_eager(small):
     jitted = problem.predict(p)
     eager = cal.predict_rows(rows, p, power={})     # the fit's chips: prior energies
     for k in range(len(rows)):
-        for key in ("tput_per_gpu", "median_ttft_s", "median_tpot_s"):
-            assert jitted[key][k] == pytest.approx(eager[k][f"pred_{key}"], rel=1e-9), key
+        # The fit's outputs use the measured columns' names; predictions `Metrics.to_row`'s.
+        for key, column in (("tput_per_gpu", "pred_tput_per_chip_total"),
+                            ("median_ttft_s", "pred_ttft_s"), ("median_tpot_s", "pred_tpot_s")):
+            assert jitted[key][k] == pytest.approx(eager[k][column], rel=1e-9), key
     assert jitted["basis"] == ["fitted:blackwell"] * len(rows)
     assert problem.fits().all()
 
@@ -351,11 +353,11 @@ def test_row_predictions_are_the_package_model():
                        precision=pm.precision(chip, model, "fp4"),
                        runtime=fitted.runtime_for("vllm"))
     want = pm.predict(model, chip, pm.Workload(1024., 1024.), design, check=False)
-    for key, field in (("pred_tput_per_gpu", "throughput_per_chip"),
-                       ("pred_median_ttft_s", "ttft"), ("pred_power_w_per_gpu", "power_per_chip")):
+    for key, field in (("pred_tput_per_chip_total", "throughput_per_chip"),
+                       ("pred_ttft_s", "ttft"), ("pred_power_w_modelled", "power_per_chip")):
         assert got[key] == pytest.approx(float(getattr(want, field)), rel=1e-9), key
     prior = cal.predict_rows([row], power={})[0]
-    assert abs(prior["pred_power_w_per_gpu"] / got["pred_power_w_per_gpu"] - 1) > 0.01
+    assert abs(prior["pred_power_w_modelled"] / got["pred_power_w_modelled"] - 1) > 0.01
 
 
 def test_layout_that_does_not_fit_is_reported(tmp_path):
@@ -363,8 +365,11 @@ def test_layout_that_does_not_fit_is_reported(tmp_path):
     row = "deepseek-r1,gb200,sglang,fp8,none,False,8192,1024,64,2,2,True,1,0.02,1.0\n"
     rows = datasets.load_benchmarks(_write(tmp_path, HEADER + row))
     pred = cal.predict_rows(rows, cal.Params.prior((), ()))[0]
-    assert pred["pred_tput_per_gpu"] is not None
-    assert "does not fit" in pred["pred_error"]
+    # No numbers for a deployment that cannot hold one request (it had a throughput of
+    # "almost nothing ran" before), and the reason.
+    assert all(pred[key] is None for key in cal.PREDICTION_KEYS)
+    assert "does not fit" in pred["pred_error"] and "HBM" in pred["pred_error"]
+    assert (pred["pred_model"], pred["pred_chip"]) == ("deepseek-r1", "gb200")
 
 
 @pytest.mark.slow

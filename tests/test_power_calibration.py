@@ -36,10 +36,10 @@ def test_row_spec_layout_and_assumed_isl():
 
 def test_unknown_rows_are_reported_not_dropped():
     out = cp.predict_power_rows([dict(ROWS[0], model="acme/unknown-1b"), ROWS[1]])
-    assert out[0]["pred_avg_power_w_per_gpu"] is None
+    assert out[0]["pred_power_w_modelled"] is None
     assert out[0]["pred_status"].startswith("unknown model")
     assert out[1]["pred_status"] == "ok"
-    assert 0 < out[1]["pred_avg_power_w_per_gpu"] <= 700.0 + 1e-6
+    assert 0 < out[1]["pred_power_w_modelled"] <= 700.0 + 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,8 @@ def test_reduced_model_matches_full_serving_model(features):
     batch = cp.make_batch(features, sorted(features))
     power, joules, tok_s = cp.reduced_predict(params, batch, hard=True)
     full = cp.predict_power_rows(ROWS, fitted)
-    np.testing.assert_allclose(power, [r["pred_avg_power_w_per_gpu"] for r in full], rtol=0.03)
-    np.testing.assert_allclose(joules, [r["pred_energy_j_per_output_token"] for r in full],
+    np.testing.assert_allclose(power, [r["pred_power_w_modelled"] for r in full], rtol=0.03)
+    np.testing.assert_allclose(joules, [r["pred_j_per_output_token"] for r in full],
                                rtol=0.05)
     # Power rises with batch and stays at or under TDP.
     assert np.all(np.diff(np.asarray(power)) > 0) and np.all(np.asarray(power) <= 700 + 1e-6)
@@ -96,11 +96,11 @@ def test_reduced_model_follows_engine_terms_through_the_full_model():
         power, joules, tok_s = cp.reduced_predict(params, batch, hard=True)
         full = cp.predict_power_rows(PIPELINED, cp.to_fitted(params, chips))
         assert full[0]["pred_status"] == "ok"
-        np.testing.assert_allclose(tok_s, [r["pred_output_tokens_per_s_per_gpu"] for r in full],
+        np.testing.assert_allclose(tok_s, [r["pred_output_tput_per_chip"] for r in full],
                                    rtol=0.06)
-        np.testing.assert_allclose(power, [r["pred_avg_power_w_per_gpu"] for r in full],
+        np.testing.assert_allclose(power, [r["pred_power_w_modelled"] for r in full],
                                    rtol=0.06)
-        np.testing.assert_allclose(joules, [r["pred_energy_j_per_output_token"]
+        np.testing.assert_allclose(joules, [r["pred_j_per_output_token"]
                                             for r in full], rtol=0.06)
         outs.append(np.asarray(tok_s))
         powers.append(np.asarray(power))

@@ -34,9 +34,9 @@ def heldout_full(rows, test, fitted):
     for key, meas in (("power", "avg_power_w_per_gpu"),
                       ("j_per_token", "energy_j_per_output_token"),
                       ("output_tok_s", "output_tokens_per_s_per_gpu")):
-        pred_key = {"power": "pred_avg_power_w_per_gpu",
-                    "j_per_token": "pred_energy_j_per_output_token",
-                    "output_tok_s": "pred_output_tokens_per_s_per_gpu"}[key]
+        pred_key = {"power": "pred_power_w_modelled",
+                    "j_per_token": "pred_j_per_output_token",
+                    "output_tok_s": "pred_output_tput_per_chip"}[key]
         rel = np.asarray([abs(p[pred_key] / float(p[meas]) - 1.0) for p in preds
                           if p["pred_status"] == "ok"])
         out[key] = {"median_abs_pct": float(np.median(rel) * 100),

@@ -1,7 +1,7 @@
 """Predictions of benchmark rows with given (by default the shipped) fitted parameters.
 
 Power comes from the power fit (`perfmodel.fitted.apply`, as every command builds a chip), so
-`pred_power_w_per_gpu` is the package's power model. The latency fit itself runs on the
+`pred_power_w_modelled` is the package's power model. The latency fit itself runs on the
 prior energies (the power fit is fitted after it, on its parameters); the power cap makes
 latency depend slightly on the energies: on the InferenceMAX table the fitted power moves
 throughput by a median 2e-7 and at most 4 % (rows near TDP), median APE by under 0.1 point.
@@ -25,10 +25,10 @@ from . import data
 from .latency import row_metrics
 from .params import FAMILY_FIELDS, Params, from_json, prior_row, resolve_family
 
-PREDICTION_KEYS = ("pred_tput_per_gpu", "pred_output_tput_per_gpu", "pred_median_ttft_s",
-                   "pred_median_tpot_s", "pred_median_e2el_s",
-                   "pred_median_intvty_tok_s_user", "pred_p99_ttft_s", "pred_p99_tpot_s",
-                   "pred_power_w_per_gpu", "pred_j_per_output_token")
+#: The prediction columns: `Metrics.to_row("pred_")` keys (SI units in the suffixes).
+PREDICTION_KEYS = tuple("pred_" + key for key in (
+    "tput_per_chip_total", "output_tput_per_chip", "ttft_s", "tpot_s", "e2e_s",
+    "interactivity", "p99_ttft_s", "p99_tpot_s", "power_w_modelled", "j_per_output_token"))
 #: Rows every eager evaluation is padded to (fixed shapes: eager ops compile once).
 BATCH = 64
 
@@ -65,7 +65,7 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
         >>> row = ds.BenchRow(0, 2, "gpt-oss-120b", "b200", "vllm", "fp4", 1024., 1024.,
         ...                   8., False, ds.PoolLayout(1, 1, False), None, None, {})
         >>> out = predict_rows([row], Params.prior(("blackwell",), ("vllm",)))[0]
-        >>> out["pred_basis"], out["pred_tput_per_gpu"] > 0
+        >>> out["pred_basis"], out["pred_tput_per_chip_total"] > 0
         ('fitted:blackwell', True)
     """
     if params is None:
@@ -91,14 +91,8 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
             x = {k: jnp.asarray(v) for k, v in data.row_inputs(chunk).items()}
             m = row_metrics(g.model, chip, g.design, raw,
                             jnp.asarray(data.framework_rows(chunk, params)), **x)
-            values = {
-                "pred_tput_per_gpu": m.throughput_per_chip,
-                "pred_output_tput_per_gpu": m.output_throughput_per_chip,
-                "pred_median_ttft_s": m.ttft, "pred_median_tpot_s": m.tpot,
-                "pred_median_e2el_s": m.e2e, "pred_median_intvty_tok_s_user": m.interactivity,
-                "pred_p99_ttft_s": m.p99_ttft, "pred_p99_tpot_s": m.p99_tpot,
-                "pred_power_w_per_gpu": m.power_per_chip,
-                "pred_j_per_output_token": m.j_per_output_token}
+            row_values = m.to_row("pred_")
+            values = {k: row_values[k] for k in PREDICTION_KEYS}
             values = {k: np.broadcast_to(np.asarray(v), (BATCH,)) for k, v in values.items()}
             excess = np.broadcast_to(np.asarray(m.memory_excess), (BATCH,))
             for j, row in enumerate(g.rows[start:start + BATCH]):
@@ -111,9 +105,12 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
                         "pred_basis": basis,
                         "pred_error": f"non-finite prediction ({', '.join(bad)})"}
                 elif excess[j] > 0:
-                    entry["pred_error"] = (
-                        f"warning: does not fit: weights + reserve + one sequence need "
-                        f"{1.0 + excess[j]:.2f}x the usable HBM per chip (memory_fraction x "
-                        f"capacity); throughput is predicted as if almost nothing ran")
+                    # Metrics of a deployment that cannot hold one request are no prediction.
+                    entry = {k: None for k in PREDICTION_KEYS} | {
+                        "pred_basis": basis,
+                        "pred_error": f"does not fit: weights + reserve + one sequence need "
+                                      f"{1.0 + excess[j]:.2f}x the usable HBM per chip "
+                                      "(memory_fraction x capacity)"}
+                entry.update(pred_model=g.model.name, pred_chip=g.chip.name)
                 out[position[row.index]] = entry
     return out

@@ -4,9 +4,13 @@ IN has the columns of `benchmarks_inferencemax.csv` (model, hardware, framework,
 spec_decoding, disagg, isl, osl, conc, tp, ep, dp_attention and, for disaggregated rows,
 the prefill_/decode_ layout columns; measured columns may be missing) or those of
 `power_measurements.csv` (handed to `perfmodel.calibration_power.predict_power_rows`).
-OUT repeats every input row and adds the `pred_*` columns, `pred_basis` (which fitted
-parameters were used; chips without measurements are predicted from their specs with their
-family's fit) and `pred_error` (why a row has no prediction; the other rows still run).
+OUT repeats every input row and adds the `pred_*` columns (`Metrics.to_row("pred_")`
+names: `pred_tput_per_chip_total`, `pred_ttft_s`, `pred_power_w_modelled`, ...),
+`pred_model` and `pred_chip` (the presets the row's names resolved to), `pred_basis` (which
+fitted parameters were used; chips without measurements are predicted from their specs
+with their family's fit), `pred_error` (why a row has no prediction, a deployment that
+does not fit in HBM among them; the other rows still run) and `pred_fit` (the fitted
+parameters' versions).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import sys
 
 from ..calibration import PREDICTION_KEYS, predict_rows
 from ..datasets import INFERENCEMAX_INPUTS, DataError, load_benchmarks, read_table
-from . import check_output
+from . import check_output, versions
 
 #: Columns that mark a power_measurements.csv-style file.
 POWER_COLUMNS = ("num_gpus", "parallelism")
@@ -46,7 +50,8 @@ def predict_file(path: str) -> tuple[list[str], list[dict]]:
     columns = list(table.columns)
     if all(c in columns for c in POWER_COLUMNS) and "conc" not in columns:
         from ..calibration_power import predict_power_rows
-        out = predict_power_rows([dict(r) for r in table.rows])
+        out = [dict(row, pred_fit=_fit()) for row in
+               predict_power_rows([dict(r) for r in table.rows])]
         extra = [k for k in (out[0] if out else {}) if k not in columns]
         return columns + extra, out
     missing = [c for c in INFERENCEMAX_INPUTS if c not in columns]
@@ -62,10 +67,22 @@ def predict_file(path: str) -> tuple[list[str], list[dict]]:
         for key in PREDICTION_KEYS:
             value = pred.get(key)
             entry[key] = "" if value is None else f"{value:.6g}"
-        entry["pred_basis"] = pred.get("pred_basis", "")
-        entry["pred_error"] = pred.get("pred_error", "")
+        for key in DESCRIPTION_KEYS:
+            entry[key] = pred.get(key, "")
+        entry["pred_fit"] = _fit()
         out.append(entry)
-    return columns + list(PREDICTION_KEYS) + ["pred_basis", "pred_error"], out
+    return columns + list(PREDICTION_KEYS) + list(DESCRIPTION_KEYS) + ["pred_fit"], out
+
+
+#: What each prediction row says about itself beside the numbers: the presets its names
+#: resolved to, the fitted family used, and why it has no numbers.
+DESCRIPTION_KEYS = ("pred_model", "pred_chip", "pred_basis", "pred_error")
+
+
+def _fit() -> str:
+    """The fitted parameters the predictions come from (`pred_fit`)."""
+    v = versions()
+    return f"{v['fitted_latency']}; {v['fitted_power']}; perfmodel {v['perfmodel_version']}"
 
 
 def run(args) -> int:
@@ -82,7 +99,7 @@ def run(args) -> int:
         if handle is not sys.stdout:
             handle.close()
     if args.out != "-":
-        key = "pred_tput_per_gpu" if "pred_tput_per_gpu" in columns else columns[-1]
+        key = "pred_tput_per_chip_total" if "pred_tput_per_chip_total" in columns else columns[-1]
         failed = sum(1 for r in rows if r.get(key) in ("", None))
         print(f"predicted {len(rows) - failed} of {len(rows)} rows -> {args.out}",
               file=sys.stderr)
