@@ -193,6 +193,7 @@ def _stderr_on_a_terminal(argv, timeout=600):
     return done.returncode, b"".join(received).decode(errors="replace")
 
 
+@pytest.mark.slow   # three runs of a sweep long enough for the bar (30 s)
 def test_progress_bar_on_a_terminal_only():
     argv = ["pareto", "--model", "deepseek-r1", "--chip", "h100", "--chips", "16"]
     code, terminal = _stderr_on_a_terminal(argv)

@@ -119,7 +119,8 @@ def _elasticities(name: str, point: str = "nominal") -> dict:
             for key in PARAMETERS}
 
 
-@pytest.mark.parametrize("name", REVERSE + FORWARD)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == REVERSE[0] else
+                                               pytest.mark.slow) for n in REVERSE + FORWARD])
 def test_gradient_signs(name):
     """The gradients carry the physics, not only agree with finite differences."""
     d = _elasticities(name)

@@ -149,6 +149,7 @@ def test_predict_broadcasts_over_a_sweep():
     assert jnp.shape(both.ttft) == (2,)
 
 
+@pytest.mark.slow   # 20 s of compilation; test_predict_open_loop_jit_matches_eager runs by default
 def test_open_loop_flags_saturation_and_differentiates():
     """Below capacity the open-loop point is a steady state (Little's law holds, `steady`);
     past it there is no fixed point: `steady` is False and the queue is held at

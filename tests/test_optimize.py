@@ -342,6 +342,7 @@ def test_solver_terminates_when_converged():
     np.testing.assert_allclose(state.lam, [2.0, 0.0], atol=2e-2)
 
 
+@pytest.mark.slow   # compiles two full searches
 def test_screened_search_follows_the_unscreened_one():
     """The screen only chooses which layouts to harden: a kept layout's relaxed trajectory
     and hardened design are those of the search that keeps every layout."""
@@ -408,7 +409,8 @@ def test_gradients_match_finite_differences():
             np.testing.assert_allclose(outputs(params), eager, rtol=1e-12)
 
 
-@pytest.mark.parametrize("name", sorted(GROUPS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "h200-8b" else
+                                               pytest.mark.slow) for n in sorted(GROUPS)])
 def test_reverse_mode_gradients_of_the_search(groups, name):
     """The solver differentiates the augmented Lagrangian in reverse mode under jit:
     finite, and equal to forward mode, at sampled relaxed points of each scenario group
