@@ -34,7 +34,7 @@ import json
 import math
 import shlex
 
-from .design import Runtime
+from .design import Layout, Runtime
 from .hardware import Chip
 
 
@@ -122,20 +122,6 @@ class Launch:
         return dataclasses.asdict(self)
 
 
-def _parse_layout(text: str) -> dict:
-    replicas, _, rest = text.rpartition("x") if "x" in text.split("-")[0] else ("1", "", text)
-    parts = rest.split("-")
-    out = {"replicas": int(replicas), "tp": 1, "ep": 1, "pp": 1, "dp_attention": False}
-    for part in parts:
-        if part == "dpa":
-            out["dp_attention"] = True
-        elif part[:2] in ("tp", "ep", "pp") and part[2:].isdigit():
-            out[part[:2]] = int(part[2:])
-        else:
-            raise ValueError(f"layout {text!r}: cannot read {part!r}")
-    return out
-
-
 def check_engine(engine: str, chip: Chip, disaggregated: bool = False) -> None:
     """Raise ValueError unless `engine` runs on `chip` and can serve the kind of design
     (the checks that need no design, made before a search)."""
@@ -179,13 +165,13 @@ def launch(engine: str, design: dict, model, chip: Chip,
     spec = ENGINES[engine]
     vendor = _vendor(chip)
     runtime = runtime if runtime is not None else Runtime()
-    lay = _parse_layout(design["layout"])
-    tp, ep, pp, dpa = lay["tp"], lay["ep"], lay["pp"], lay["dp_attention"]
+    layout = Layout.parse(design["layout"])
+    tp, ep, pp, dpa = layout.tp, layout.ep, layout.pp, layout.dp_attention
     moe = model.num_experts > 0
-    per_instance = math.ceil(design["concurrency"] / lay["replicas"])
+    per_instance = math.ceil(design["concurrency"] / layout.replicas)
     per_scheduler = math.ceil(per_instance / tp) if dpa else per_instance
     formats = design["formats"]
-    notes = [f"layout {design['layout']}: {lay['replicas']} x {tp * pp} chips; "
+    notes = [f"layout {design['layout']}: {layout.replicas} x {tp * pp} chips; "
              f"{design['concurrency']} requests in flight over the deployment"]
 
     # Weights: the released format loads as it is; the engine quantizes to `quantizes_to`;
@@ -283,7 +269,7 @@ def launch(engine: str, design: dict, model, chip: Chip,
     model_args = [checkpoint] if spec.model_flag is None else [spec.model_flag, checkpoint]
     return Launch(engine=engine, version=spec.version,
                   argv=(*spec.program, *model_args, *args), files=files,
-                  instances=lay["replicas"], chips_per_instance=tp * pp, notes=tuple(notes))
+                  instances=layout.replicas, chips_per_instance=tp * pp, notes=tuple(notes))
 
 
 def _vendor(chip: Chip) -> str | None:

@@ -68,6 +68,31 @@ class Layout(eqx.Module):
         return LayoutNumbers(tp=self.tp, ep=self.ep, pp=self.pp, replicas=self.replicas,
                              dp_attention=self.dp_attention)
 
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        """The layout `describe` writes as `text` ("2xtp4-ep4-dpa", "tp8-pp2").
+
+        Raises:
+            ValueError: a part that is not `Nx` (replicas), `tpN`, `epN`, `ppN` or `dpa`.
+
+        Example:
+            >>> Layout.parse("2xtp4-ep4-dpa") == Layout(tp=4, ep=4, dp_attention=True,
+            ...                                         replicas=2)
+            True
+        """
+        head, sep, rest = text.strip().partition("x")
+        replicas, rest = (head, rest) if sep and head.isdigit() else ("1", text.strip())
+        kw: dict = {"replicas": int(replicas), "dp_attention": False}
+        for part in rest.split("-"):
+            if part == "dpa":
+                kw["dp_attention"] = True
+            elif part[:2] in ("tp", "ep", "pp") and part[2:].isdigit() and part[:2] not in kw:
+                kw[part[:2]] = int(part[2:])
+            else:
+                raise ValueError(f"layout {text!r}: cannot read {part!r}; write it as "
+                                 "[Nx]tpN[-epN][-ppN][-dpa], as Layout.describe does")
+        return cls(**kw)
+
     def describe(self) -> str:
         text = f"tp{self.tp}"
         if self.ep > 1:

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from perfmodel.cli import main
+from perfmodel.design import Layout
 from perfmodel.presets import get_chip
+from perfmodel.solvers import value_and_grad_forward
 from perfmodel.studies import jalapeno as cmp
 from perfmodel.workload import Workload
 
@@ -26,10 +28,14 @@ def test_reported_ratios_match_claims_file():
 
 
 def test_layout_round_trip():
-    layout = cmp._layout_of("2xtp4-ep4-dpa")
+    layout = Layout.parse("2xtp4-ep4-dpa")
     assert (layout.replicas, layout.tp, layout.ep, layout.dp_attention) == (2, 4, 4, True)
-    assert cmp._layout_of(layout.describe()) == layout
-    assert cmp._layout_of("tp8").tp == 8
+    assert Layout.parse(layout.describe()) == layout
+    assert Layout.parse("tp8").tp == 8
+    assert Layout.parse("tp4-pp2") == Layout(tp=4, pp=2)
+    for bad in ("tp8-xp2", "2xtp", "tp4-tp2", ""):
+        with pytest.raises(ValueError, match="cannot read"):
+            Layout.parse(bad)
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +104,16 @@ def test_inferred_fit_gradients_finite_where_reverse_mode_was_not():
     compare` on defaults. The forward-mode gradient `infer` uses is finite and agrees with
     eager reverse mode."""
     chip, workload = get_chip("jalapeno"), Workload(8192.0, 1024.0)
-    target = {"model": "gpt-oss-120b", "layout": cmp._layout_of("tp1"), "concurrency": 647.0,
+    target = {"model": "gpt-oss-120b", "layout": Layout.parse("tp1"), "concurrency": 647.0,
               "baseline_kw": 86_000.0, "baseline_e2e": 70.0, "reported_kw": 1.9,
               "reported_e2e": 1.7}
     logs = {"efficiency.bandwidth_max": jnp.asarray(-0.22550621297999932),
             "efficiency.compute_max": jnp.asarray(-0.71769600127154),
             "hbm_capacity": jnp.asarray(26.03940786866443),
             "num_slices": jnp.asarray(2.205795519070942)}
-    loss = functools.partial(cmp._target_loss, t=target, chip=chip, workload=workload,
+    loss = functools.partial(cmp.claim_loss, t=target, chip=chip, workload=workload,
                              runtime=cmp.default_runtime(chip))
-    value, grads = cmp._value_and_forward_grad(loss)(logs)
+    value, grads = value_and_grad_forward(loss)(logs)
     eager = jax.grad(loss)(logs)
     assert np.isfinite(float(value))
     for key in logs:

@@ -46,6 +46,7 @@ from ..presets import get_chip, get_model
 from ..progress import bar
 from ..serving import predict
 from ..smooth import smooth_min
+from ..solvers import value_and_grad_forward
 from ..sweep import DEFAULT_GRID, Sweep, auto_chips, default_runtime, sweep
 from ..workload import Workload
 
@@ -197,19 +198,6 @@ def _peak_metrics(model_name, chip: Chip, layout: Layout, workload: Workload, ru
     return m.tok_s_per_kw_tdp, m.e2e
 
 
-def _layout_of(text: str) -> Layout:
-    parts = text.split("x", 1) if "x" in text.split("-")[0] else ["1", text]
-    replicas, rest = int(parts[0]), parts[1]
-    kw = {"tp": 1, "ep": 1, "pp": 1, "dp_attention": False}
-    for token in rest.split("-"):
-        for key in ("tp", "ep", "pp"):
-            if token.startswith(key):
-                kw[key] = int(token[len(key):])
-        if token == "dpa":
-            kw["dp_attention"] = True
-    return Layout(replicas=replicas, **kw)
-
-
 def infer(chip: Chip, targets: list[dict], workload: Workload, steps: int = 60,
           learning_rate: float = 0.05) -> tuple[Chip, dict]:
     """Fit `INFERRED` parameters of `chip` to reported ratios by gradient descent.
@@ -235,8 +223,8 @@ def infer(chip: Chip, targets: list[dict], workload: Workload, steps: int = 60,
         return prior + 10.0 * over
 
     # One compiled gradient per model (a joint trace of all models compiles far slower).
-    grads_of = [_value_and_forward_grad(functools.partial(
-        _target_loss, t=t, chip=chip, workload=workload, runtime=runtime)) for t in targets]
+    grads_of = [value_and_grad_forward(functools.partial(
+        claim_loss, t=t, chip=chip, workload=workload, runtime=runtime)) for t in targets]
     penalty_grad = jax.jit(jax.value_and_grad(penalty))
     optimizer = optax.adam(learning_rate)
     logs, state = start, optimizer.init(start)
@@ -263,29 +251,21 @@ def infer(chip: Chip, targets: list[dict], workload: Workload, steps: int = 60,
     return _set(chip, values), {"values": values, "loss": loss, "result": result}
 
 
-def _target_loss(logs, t, chip, workload, runtime):
+def claim_loss(logs, t, chip, workload, runtime):
     """Squared log misses of one model's reported ratios (per kW at peak, E2E) by `chip`
-    with the `INFERRED` parameters at exp(`logs`)."""
+    with the `INFERRED` parameters at exp(`logs`): what the inferred mode minimises.
+
+    Args:
+        logs: {`INFERRED` path: log of its value}.
+        t: one target of `infer` (model, layout, concurrency, baseline_kw, baseline_e2e,
+            reported_kw, reported_e2e).
+        chip, workload, runtime: the chip whose parameters are set, the request lengths and
+            the engine settings.
+    """
     c = _set(chip, {p: jnp.exp(v) for p, v in logs.items()})
     kw, e2e = _peak_metrics(t["model"], c, t["layout"], workload, runtime, t["concurrency"])
     return ((jnp.log(kw / t["baseline_kw"]) - jnp.log(t["reported_kw"])) ** 2
             + (jnp.log(t["baseline_e2e"] / e2e) - jnp.log(t["reported_e2e"])) ** 2)
-
-
-def _value_and_forward_grad(fun):
-    """`fun(logs)` and its gradient by forward mode, compiled: four parameters make four
-    tangents, and reverse mode through the serving model gave NaN gradients of HBM
-    capacity and slice count under jit at some points where eager and forward mode are
-    finite (XLA:CPU)."""
-    def both(logs):
-        value = fun(logs)
-        return value, value
-
-    def call(logs):
-        grads, value = jax.jacfwd(both, has_aux=True)(logs)
-        return value, grads
-
-    return eqx.filter_jit(call)
 
 
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,
@@ -379,7 +359,7 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
                 rep = reported_ratios(m)
                 if not rep or rep["baseline"] != base_points[m].chip:
                     continue
-                layout = _layout_of(points[m].peak_layout)
+                layout = Layout.parse(points[m].peak_layout)
                 targets.append({"model": m, "layout": layout,
                                 "concurrency": points[m].peak_concurrency / layout.replicas,
                                 "baseline_kw": base_points[m].peak_tok_s_per_kw,
