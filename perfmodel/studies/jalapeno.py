@@ -298,11 +298,12 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         ValueError: unknown names or modes, or baselines not matching models.
 
     Example:
-        >>> rows = compare(["gpt-oss-120b"], modes=("predicted",), grid=(1., 64.), chips=8)
-        >>> [(r["chip"], r["baseline"], r["mode"]) for r in rows]
+        Two sweeps of 8 chips, about 20 s on 2 cores (tests/test_compare.py runs the same):
+
+        >>> rows = compare(["gpt-oss-120b"], modes=("predicted",), grid=(1., 64.),
+        ...                chips=8)  # doctest: +SKIP
+        >>> [(r["chip"], r["baseline"], r["mode"]) for r in rows]  # doctest: +SKIP
         [('jalapeno', 'gb200', 'predicted')]
-        >>> rows[0]["ratio_tok_s_per_kw_at_peak"] > 0
-        True
     """
     models = list(models) if models else [p[0] for p in PAIRS]
     for mode in modes:
