@@ -262,7 +262,12 @@ def load_benchmarks(path: str | os.PathLike, require_measured: bool = False) -> 
             if column in table.columns:
                 strict = require_measured and column in ("tput_per_gpu", "median_tpot_s",
                                                          "median_ttft_s")
-                value = number(table, i, column, positive=strict, optional=not strict)
+                try:
+                    value = number(table, i, column, positive=strict, optional=not strict)
+                except DataError:
+                    if require_measured:
+                        raise
+                    value = None   # predictions do not read measured columns
                 if value is not None and value > 0:
                     measured[column] = value
         spec = row.get("spec_decoding", "none").lower()

@@ -103,6 +103,18 @@ def test_corrupt_input_names_line_and_column(tmp_path):
         command.predict_file(str(path))
 
 
+def test_measured_columns_prediction_does_not_read_may_hold_anything(tmp_path):
+    """A NaN or a note in a measured column rejected the whole file; prediction does not
+    read those columns, so the rows are predicted as they would be without them."""
+    path = tmp_path / "in.csv"
+    path.write_text(AGG + ROWS[0].replace(",8575", ",nan") + "\n"
+                    + ROWS[0].replace(",8575", ",n/a") + "\n" + ROWS[0] + "\n")
+    _, rows = command.predict_file(str(path))
+    assert [r["pred_error"] for r in rows] == ["", "", ""]
+    assert len({r["pred_tput_per_chip_total"] for r in rows}) == 1
+    assert rows[0]["tput_per_gpu"] == "nan"   # the input is repeated as it was
+
+
 def test_cli_writes_csv(small, tmp_path):
     from perfmodel import cli
     assert "predict" in cli._COMMANDS
