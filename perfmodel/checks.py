@@ -9,7 +9,7 @@ be checked here; the public entry points check them with `eqx.error_if`
 Example:
     >>> import equinox as eqx, jax.numpy as jnp
     >>> class Pipe(eqx.Module):
-    ...     length: jnp.ndarray = eqx.field(converter=number("Pipe.length"))
+    ...     length: jnp.ndarray = eqx.field(converter=as_number)
     ...     def __check_init__(self):
     ...         check(self, {"length": Range(low=0.0, low_open=True)})
     >>> Pipe(length=-1.0)
@@ -39,6 +39,8 @@ class Range(NamedTuple):
     integer: bool = False
     infinite: bool = False
     """+inf allowed (for example `Runtime.max_running`: no cap)."""
+    optional: bool = False
+    """None allowed (for example `Workload.request_rate`: a closed loop)."""
 
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a number"
@@ -74,38 +76,36 @@ FRACTION = Range(low=0.0, high=1.0, low_open=True)          # (0, 1]
 UNIT_INTERVAL = Range(low=0.0, high=1.0)                    # [0, 1]
 
 
-def number(where: str):
-    """A field converter: the value as a float array, or a `TypeError` naming `where`
-    (a string, None or a non-numeric object would otherwise fail later, or as a bare
-    conversion error)."""
-
-    def convert(x):
-        if x is None or isinstance(x, (str, bytes, bool, np.bool_)):
-            raise TypeError(f"{where} must be a number, got {x!r}")
-        try:
-            return jnp.asarray(x, dtype=float)
-        except (TypeError, ValueError):
-            raise TypeError(f"{where} must be a number or an array of numbers, got "
-                            f"{type(x).__name__} {str(x)[:60]!r}") from None
-
-    return convert
+def as_number(x):
+    """A field converter: `x` as a float array, or `x` as it is when it is no number (None,
+    a string, a bool), for `check` to refuse naming the field."""
+    if x is None or isinstance(x, (str, bytes, bool, np.bool_)):
+        return x
+    try:
+        return jnp.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        return x
 
 
 def check(owner, rules: dict) -> None:
     """Raise ValueError naming `Owner.field` for the first field of `rules` ({field: Range})
-    whose concrete value is out of its range (NaN and infinity included, unless allowed).
-    Traced and None values are skipped."""
+    whose concrete value is out of its range (NaN and infinity included, unless allowed),
+    TypeError for one that is no number (None too, unless the range is `optional`).
+    Traced values are skipped."""
     for field, valid in rules.items():
         value = getattr(owner, field)
-        if value is None or isinstance(value, jax.core.Tracer):
+        where = f"{type(owner).__name__}.{field}"
+        if value is None and valid.optional or isinstance(value, jax.core.Tracer):
             continue
+        if not isinstance(value, (jax.Array, np.ndarray)):   # `as_number` could not convert
+            raise TypeError(f"{where} must be a number or an array of numbers, got "
+                            f"{type(value).__name__} {str(value)[:60]!r}")
         x = np.asarray(value, dtype=float)
         ok = valid.holds(x)
         if not np.all(ok):
             bad = x[~ok].ravel()[0] if x.ndim else float(x)
             what = "NaN" if math.isnan(bad) else f"{bad:g}"
-            raise ValueError(f"{type(owner).__name__}.{field} must be {valid.describe()}, "
-                             f"got {what}")
+            raise ValueError(f"{where} must be {valid.describe()}, got {what}")
 
 
 def instance(owner, field: str, *types) -> None:

@@ -55,6 +55,11 @@ class Engine:
     """perfmodel KV format -> the engine's value (None: its default, the model's dtype)."""
     quantizes_to: frozenset[str]
     """Weight formats the engine makes from a higher-precision checkpoint at load time."""
+    quantization_flag: str | None
+    kv_flag: str | None
+    """The option setting the KV-cache format (None: in an options file)."""
+    context_flag: str
+    """The option capping a request's prompt plus output (tokens)."""
 
 
 ENGINES = {
@@ -67,7 +72,8 @@ ENGINES = {
         source="vLLM engine arguments, https://docs.vllm.ai/en/v0.11.0/configuration/"
                "engine_args.html (vllm serve --help)",
         kv_formats={"bf16": None, "fp16": None, "fp8": "fp8"},
-        quantizes_to=frozenset({"fp8"})),
+        quantizes_to=frozenset({"fp8"}), quantization_flag="--quantization",
+        kv_flag="--kv-cache-dtype", context_flag="--max-model-len"),
     "sglang": Engine(
         name="sglang", version="0.5", program=("python", "-m", "sglang.launch_server"),
         model_flag="--model-path",
@@ -78,7 +84,8 @@ ENGINES = {
         source="SGLang server arguments, https://docs.sglang.io/advanced_features/"
                "server_arguments.html (python -m sglang.launch_server --help)",
         kv_formats={"bf16": None, "fp16": None, "fp8": "fp8_e4m3"},
-        quantizes_to=frozenset({"fp8"})),
+        quantizes_to=frozenset({"fp8"}), quantization_flag="--quantization",
+        kv_flag="--kv-cache-dtype", context_flag="--context-length"),
     "trtllm": Engine(
         name="trtllm", version="1.0", program=("trtllm-serve",), model_flag=None,
         flags=frozenset({"--backend", "--tp_size", "--pp_size", "--ep_size",
@@ -88,7 +95,8 @@ ENGINES = {
                "commands/trtllm-serve/trtllm-serve.html; extra_llm_api_options keys "
                "enable_attention_dp and kv_cache_config.dtype from the LLM API reference",
         kv_formats={"bf16": None, "fp16": None, "fp8": "fp8"},
-        quantizes_to=frozenset()),
+        quantizes_to=frozenset(), quantization_flag=None, kv_flag=None,
+        context_flag="--max_seq_len"),
 }
 
 #: Chip vendors each engine runs on.
@@ -214,12 +222,6 @@ def launch(engine: str, design: dict, model, chip: Chip,
         args += ["--max-num-seqs", str(per_scheduler), "--max-num-batched-tokens",
                  str(int(runtime.max_batched_tokens)), "--gpu-memory-utilization",
                  f"{float(runtime.memory_fraction):g}"]
-        if quantization:
-            args += ["--quantization", quantization]
-        if kv:
-            args += ["--kv-cache-dtype", kv]
-        if context:
-            args += ["--max-model-len", str(context)]
     elif engine == "sglang":
         args += ["--tp-size", str(tp)]
         if pp > 1:
@@ -231,12 +233,6 @@ def launch(engine: str, design: dict, model, chip: Chip,
         args += ["--max-running-requests", str(per_instance), "--chunked-prefill-size",
                  str(int(runtime.max_batched_tokens)), "--mem-fraction-static",
                  f"{float(runtime.memory_fraction):g}"]
-        if quantization:
-            args += ["--quantization", quantization]
-        if kv:
-            args += ["--kv-cache-dtype", kv]
-        if context:
-            args += ["--context-length", str(context)]
     else:
         args += ["--backend", "pytorch", "--tp_size", str(tp), "--pp_size", str(pp)]
         if moe:
@@ -244,8 +240,6 @@ def launch(engine: str, design: dict, model, chip: Chip,
         args += ["--max_batch_size", str(per_scheduler), "--max_num_tokens",
                  str(int(runtime.max_batched_tokens)), "--kv_cache_free_gpu_memory_fraction",
                  f"{float(runtime.memory_fraction):g}"]
-        if context:
-            args += ["--max_seq_len", str(context)]
         options = {}
         if dpa:
             options["enable_attention_dp"] = True
@@ -254,6 +248,14 @@ def launch(engine: str, design: dict, model, chip: Chip,
         if options:
             files["extra_llm_api_options.yaml"] = _yaml(options)
             args += ["--extra_llm_api_options", "extra_llm_api_options.yaml"]
+    # What every engine spells its own way; an engine with no flag for a setting took it
+    # above (TensorRT-LLM's KV format is in its options file, and it quantizes nothing).
+    if quantization:
+        args += [spec.quantization_flag, quantization]
+    if kv and spec.kv_flag:
+        args += [spec.kv_flag, kv]
+    if context:
+        args += [spec.context_flag, str(context)]
     unknown = sorted({a for a in args if a.startswith("--")} - spec.flags)
     if unknown:   # a bug here, not the user's: every flag must be a documented one
         raise AssertionError(f"undocumented {engine} flags {unknown}")

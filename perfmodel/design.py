@@ -8,7 +8,16 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .architecture import Model
-from .checks import FRACTION, NON_NEGATIVE, POSITIVE, UNIT_INTERVAL, Range, check, instance, number
+from .checks import (
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT_INTERVAL,
+    Range,
+    as_number,
+    check,
+    instance,
+)
 from .formats import COMPUTE_CLASSES, FORMAT_BYTES, compute_class, resolve_format
 from .hardware import Chip
 
@@ -361,11 +370,11 @@ class SpecDecode(eqx.Module):
     `draft_tokens = 0` disables it.
     """
 
-    draft_tokens: jnp.ndarray = eqx.field(converter=number("SpecDecode.draft_tokens"), default=0.0)
+    draft_tokens: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
     """Draft length k (tokens)."""
-    acceptance: jnp.ndarray = eqx.field(converter=number("SpecDecode.acceptance"), default=0.7)
+    acceptance: jnp.ndarray = eqx.field(converter=as_number, default=0.7)
     """Per-token acceptance probability (dimensionless, [0, 1))."""
-    draft_layers: jnp.ndarray = eqx.field(converter=number("SpecDecode.draft_layers"), default=1.0)
+    draft_layers: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Transformer layers of the draft module run per draft token (DeepSeek MTP: 1)."""
 
     def __check_init__(self):
@@ -385,47 +394,38 @@ class Runtime(eqx.Module):
     sampling, detokenization, Python); `framework` names whose fitted value it is.
     """
 
-    step_overhead: jnp.ndarray = eqx.field(
-        converter=number("Runtime.step_overhead"), default=1.0e-3)
+    step_overhead: jnp.ndarray = eqx.field(converter=as_number, default=1.0e-3)
     """Host time per engine step (s)."""
-    max_batched_tokens: jnp.ndarray = eqx.field(
-        converter=number("Runtime.max_batched_tokens"), default=8192.0)
+    max_batched_tokens: jnp.ndarray = eqx.field(converter=as_number, default=8192.0)
     """Prefill chunk: tokens one step may carry (vLLM max_num_batched_tokens) (tokens)."""
-    memory_fraction: jnp.ndarray = eqx.field(
-        converter=number("Runtime.memory_fraction"), default=0.9)
+    memory_fraction: jnp.ndarray = eqx.field(converter=as_number, default=0.9)
     """Fraction of HBM the engine may use (vLLM gpu_memory_utilization)."""
-    activation_reserve: jnp.ndarray = eqx.field(
-        converter=number("Runtime.activation_reserve"), default=4e9)
+    activation_reserve: jnp.ndarray = eqx.field(converter=as_number, default=4e9)
     """HBM reserved for activations, CUDA graphs and workspace (bytes)."""
-    max_running: jnp.ndarray = eqx.field(converter=number("Runtime.max_running"), default=jnp.inf)
+    max_running: jnp.ndarray = eqx.field(converter=as_number, default=jnp.inf)
     """Cap on running sequences per instance (vLLM max_num_seqs); inf for none."""
-    seq_overhead: jnp.ndarray = eqx.field(converter=number("Runtime.seq_overhead"), default=0.0)
+    seq_overhead: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
     """Host time per running sequence per engine step not hidden behind the GPU (sampling,
     detokenization, scheduler bookkeeping); vLLM-era Python engines show tens of us (s)."""
-    request_overhead: jnp.ndarray = eqx.field(
-        converter=number("Runtime.request_overhead"), default=0.015)
+    request_overhead: jnp.ndarray = eqx.field(converter=as_number, default=0.015)
     """Per-request time outside the engine steps, seen by the client in TTFT and E2E: HTTP,
     tokenization, hand-off to the engine process, the first streamed chunk (s)."""
-    admission_steps: jnp.ndarray = eqx.field(
-        converter=number("Runtime.admission_steps"), default=0.5)
+    admission_steps: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
     """Engine steps a new request waits before its prefill is scheduled (0.5: the step in
     flight; schedulers that favour running decodes wait longer) (steps)."""
-    expert_efficiency: jnp.ndarray = eqx.field(
-        converter=number("Runtime.expert_efficiency"), default=1.0)
+    expert_efficiency: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Speed of the engine's routed-expert kernels relative to the dense matmuls the chip's
     fitted efficiencies describe, in (0, 1]: the expert operator's time is divided by it.
     Grouped-GEMM MoE kernels that gather tokens per expert (vLLM's fused_moe) run below
     dense-GEMM bandwidth at small per-expert batches; 1 for engines the latency fit
     describes (dimensionless)."""
-    kernel_efficiency: jnp.ndarray = eqx.field(
-        converter=number("Runtime.kernel_efficiency"), default=1.0)
+    kernel_efficiency: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Speed of the engine's kernels (matmuls, attention, collectives) relative to those
     of the engines the chip's fitted efficiencies describe, in (0, 1]: the step's busy
     time (operators and collectives, not host overhead) is divided by it. An engine whose
     kernels for a chip generation are less tuned runs below them; 1 for engines the
     latency fit describes (dimensionless)."""
-    pipeline_overlap: jnp.ndarray = eqx.field(
-        converter=number("Runtime.pipeline_overlap"), default=1.0)
+    pipeline_overlap: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """How far the engine overlaps micro-batches across pipeline stages, in [0, 1]: the
     running batch is split into `1 + overlap (pp - 1)` micro-batches in flight (1: every
     stage busy; 0: one batch crosses the stages while the others idle) (dimensionless)."""
@@ -452,7 +452,7 @@ class Design(eqx.Module):
         1
     """
 
-    concurrency: jnp.ndarray = eqx.field(converter=number("Design.concurrency"))
+    concurrency: jnp.ndarray = eqx.field(converter=as_number)
     """Requests in flight across the deployment (closed-loop clients)."""
     layout: Layout | LayoutNumbers | Disaggregated
     """Parallel layout: static (`Layout`), as numbers (`LayoutNumbers`, aggregated only),

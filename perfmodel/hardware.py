@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .checks import FRACTION, NON_NEGATIVE, POSITIVE, Range, check, number
+from .checks import FRACTION, NON_NEGATIVE, POSITIVE, Range, as_number, check
 from .formats import COMPUTE_CLASSES
 from .interconnect import AbstractInterconnect, Ring, Switch, Torus
 
@@ -38,22 +38,17 @@ class Efficiency(eqx.Module):
     systems/*.yaml, `mem_bw_empirical_scaling_factor`, `mem_empirical_constant_latency`).
     """
 
-    compute_max: jnp.ndarray = eqx.field(converter=number("Efficiency.compute_max"), default=0.75)
+    compute_max: jnp.ndarray = eqx.field(converter=as_number, default=0.75)
     """Fraction of peak FLOP/s a large matmul reaches (dimensionless, (0, 1])."""
-    compute_rows_half: jnp.ndarray = eqx.field(
-        converter=number("Efficiency.compute_rows_half"), default=64.0)
+    compute_rows_half: jnp.ndarray = eqx.field(converter=as_number, default=64.0)
     """Rows (tokens) at which a matmul reaches half of `compute_max` (tokens)."""
-    bandwidth_max: jnp.ndarray = eqx.field(
-        converter=number("Efficiency.bandwidth_max"), default=0.8)
+    bandwidth_max: jnp.ndarray = eqx.field(converter=as_number, default=0.8)
     """Fraction of HBM bandwidth a large streaming read reaches (dimensionless, (0, 1])."""
-    memory_latency: jnp.ndarray = eqx.field(
-        converter=number("Efficiency.memory_latency"), default=3e-6)
+    memory_latency: jnp.ndarray = eqx.field(converter=as_number, default=3e-6)
     """Fixed latency of a memory-bound kernel (s)."""
-    kernel_overhead: jnp.ndarray = eqx.field(
-        converter=number("Efficiency.kernel_overhead"), default=2e-6)
+    kernel_overhead: jnp.ndarray = eqx.field(converter=as_number, default=2e-6)
     """Launch, ramp and tail time per kernel (s)."""
-    attention_max: jnp.ndarray = eqx.field(
-        converter=number("Efficiency.attention_max"), default=0.5)
+    attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
     """Fraction of peak FLOP/s attention kernels reach (dimensionless, (0, 1])."""
 
     def __check_init__(self):
@@ -77,17 +72,14 @@ class EnergyCoefficients(eqx.Module):
     core+IO); NVLink-class SerDes about 5 pJ/bit = 40 pJ/byte.
     """
 
-    per_flop: jnp.ndarray = eqx.field(converter=number("EnergyCoefficients.per_flop"),
+    per_flop: jnp.ndarray = eqx.field(converter=as_number,
                                       default=(0.5e-12, 0.25e-12, 0.25e-12, 0.125e-12))
     """Joules per FLOP for each compute class of `formats.COMPUTE_CLASSES` (J/FLOP)."""
-    per_hbm_byte: jnp.ndarray = eqx.field(
-        converter=number("EnergyCoefficients.per_hbm_byte"), default=60e-12)
+    per_hbm_byte: jnp.ndarray = eqx.field(converter=as_number, default=60e-12)
     """Joules per byte read or written in HBM (J/byte)."""
-    per_link_byte: jnp.ndarray = eqx.field(
-        converter=number("EnergyCoefficients.per_link_byte"), default=40e-12)
+    per_link_byte: jnp.ndarray = eqx.field(converter=as_number, default=40e-12)
     """Joules per byte sent over the scale-up or scale-out network (J/byte)."""
-    active_power: jnp.ndarray = eqx.field(
-        converter=number("EnergyCoefficients.active_power"), default=0.0)
+    active_power: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
     """Power above idle drawn while kernels run, whatever work they do: clocks, static power
     of the units at active clocks, stalled pipelines. It makes a slow kernel cost energy in
     proportion to its time, not only to its work (GPU power models split power the same
@@ -118,32 +110,37 @@ class Chip(eqx.Module):
     domain_size: int = eqx.field(static=True)
     """Chips in one scale-up domain (NVL72: 72; HGX: 8)."""
 
-    peak_flops: jnp.ndarray = eqx.field(converter=number("Chip.peak_flops"))
+    peak_flops: jnp.ndarray = eqx.field(converter=as_number)
     """Dense peak per compute class of `formats.COMPUTE_CLASSES` (FLOP/s); a class the chip
     lacks holds the rate it is emulated at (BF16's)."""
-    hbm_bandwidth: jnp.ndarray = eqx.field(converter=number("Chip.hbm_bandwidth"))
+    hbm_bandwidth: jnp.ndarray = eqx.field(converter=as_number)
     """Main-memory bandwidth (bytes/s)."""
-    hbm_capacity: jnp.ndarray = eqx.field(converter=number("Chip.hbm_capacity"))
+    hbm_capacity: jnp.ndarray = eqx.field(converter=as_number)
     """Main-memory capacity (bytes)."""
-    sram_bytes: jnp.ndarray = eqx.field(converter=number("Chip.sram_bytes"))
+    sram_bytes: jnp.ndarray = eqx.field(converter=as_number)
     """On-chip SRAM / last-level cache (bytes)."""
-    num_slices: jnp.ndarray = eqx.field(converter=number("Chip.num_slices"))
+    num_slices: jnp.ndarray = eqx.field(converter=as_number)
     """Core+memory slices (dies, chiplets, Jalapeno's slices); 1 for a monolithic GPU."""
-    slice_bandwidth: jnp.ndarray = eqx.field(converter=number("Chip.slice_bandwidth"))
+    slice_bandwidth: jnp.ndarray = eqx.field(converter=as_number)
     """Aggregate bandwidth of the fabric between slices (bytes/s)."""
     scale_up: AbstractInterconnect
     scale_out: AbstractInterconnect
-    tdp: jnp.ndarray = eqx.field(converter=number("Chip.tdp"))
+    tdp: jnp.ndarray = eqx.field(converter=as_number)
     """Rated board power (W)."""
-    idle_power: jnp.ndarray = eqx.field(converter=number("Chip.idle_power"))
+    idle_power: jnp.ndarray = eqx.field(converter=as_number)
     """Power drawn while serving with no work in flight: static + clocks-on baseline (W)."""
-    allin_power: jnp.ndarray = eqx.field(converter=number("Chip.allin_power"))
+    allin_power: jnp.ndarray = eqx.field(converter=as_number)
     """All-in power per chip: chip, host, network and facility share (W); InferenceX's
     "tokens/s per MW" divides by it."""
     energy: EnergyCoefficients = eqx.field(default_factory=EnergyCoefficients)
     efficiency: Efficiency = eqx.field(default_factory=Efficiency)
 
     def __check_init__(self):
+        check(self, {"peak_flops": POSITIVE, "hbm_bandwidth": POSITIVE,
+                     "hbm_capacity": POSITIVE, "sram_bytes": NON_NEGATIVE,
+                     "num_slices": Range(low=1.0, integer=True),
+                     "slice_bandwidth": POSITIVE, "tdp": POSITIVE, "idle_power": NON_NEGATIVE,
+                     "allin_power": POSITIVE})
         n = len(COMPUTE_CLASSES)
         if self.peak_flops.shape != (n,):
             raise ValueError(f"Chip {self.name!r}: peak_flops must have shape ({n},), one per "
@@ -158,11 +155,6 @@ class Chip(eqx.Module):
                 or self.domain_size < 1:
             raise ValueError(f"Chip {self.name!r}: domain_size must be an integer >= 1, got "
                              f"{self.domain_size!r}")
-        check(self, {"peak_flops": POSITIVE, "hbm_bandwidth": POSITIVE,
-                     "hbm_capacity": POSITIVE, "sram_bytes": NON_NEGATIVE,
-                     "num_slices": Range(low=1.0, integer=True),
-                     "slice_bandwidth": POSITIVE, "tdp": POSITIVE, "idle_power": NON_NEGATIVE,
-                     "allin_power": POSITIVE})
         if not any(isinstance(x, jax.core.Tracer) for x in (self.idle_power, self.tdp)) \
                 and np.any(np.asarray(self.idle_power) >= np.asarray(self.tdp)):
             raise ValueError(f"Chip {self.name!r}: idle_power ({float(np.max(self.idle_power)):g}"

@@ -25,7 +25,7 @@ import math
 import equinox as eqx
 import jax.numpy as jnp
 
-from .checks import FRACTION, NON_NEGATIVE, POSITIVE, check, number
+from .checks import FRACTION, NON_NEGATIVE, POSITIVE, as_number, check
 from .static import ceil, is_static, maximum
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
@@ -45,6 +45,10 @@ class AbstractInterconnect(eqx.Module):
     latency: eqx.AbstractVar[jnp.ndarray]
     efficiency: eqx.AbstractVar[jnp.ndarray]
     base_latency: eqx.AbstractVar[jnp.ndarray]
+
+    def __check_init__(self):   # equinox runs it for every subclass, beside theirs
+        check(self, {"bandwidth": POSITIVE, "latency": NON_NEGATIVE, "efficiency": FRACTION,
+                     "base_latency": NON_NEGATIVE})
 
     @abc.abstractmethod
     def _effective(self, kind: str, n):
@@ -102,22 +106,14 @@ def _ring_traffic(kind: str, n):
     return 1.0 * (n - 1), frac
 
 
-def _check_link(link) -> None:
-    check(link, {"bandwidth": POSITIVE, "latency": NON_NEGATIVE, "efficiency": FRACTION,
-                 "base_latency": NON_NEGATIVE})
-
-
 class Switch(AbstractInterconnect):
     """A switched fabric (NVLink Switch, Ethernet): every chip reaches every other at its full
     per-chip bandwidth. `bandwidth` is bytes/s per chip per direction."""
 
-    bandwidth: jnp.ndarray = eqx.field(converter=number("Switch.bandwidth"))
-    latency: jnp.ndarray = eqx.field(converter=number("Switch.latency"))
-    efficiency: jnp.ndarray = eqx.field(converter=number("Switch.efficiency"), default=0.8)
-    base_latency: jnp.ndarray = eqx.field(converter=number("Switch.base_latency"), default=0.0)
-
-    def __check_init__(self):
-        _check_link(self)
+    bandwidth: jnp.ndarray = eqx.field(converter=as_number)
+    latency: jnp.ndarray = eqx.field(converter=as_number)
+    efficiency: jnp.ndarray = eqx.field(converter=as_number, default=0.8)
+    base_latency: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
 
     def _effective(self, kind, n):
         steps, traffic = _ring_traffic(kind, n)
@@ -129,13 +125,10 @@ class Ring(AbstractInterconnect):
     bytes/s per chip per direction summed over its links. All-to-all crosses n/4 hops on
     average, which costs a factor n/4 in traffic per link (at least 1)."""
 
-    bandwidth: jnp.ndarray = eqx.field(converter=number("Ring.bandwidth"))
-    latency: jnp.ndarray = eqx.field(converter=number("Ring.latency"))
-    efficiency: jnp.ndarray = eqx.field(converter=number("Ring.efficiency"), default=0.8)
-    base_latency: jnp.ndarray = eqx.field(converter=number("Ring.base_latency"), default=0.0)
-
-    def __check_init__(self):
-        _check_link(self)
+    bandwidth: jnp.ndarray = eqx.field(converter=as_number)
+    latency: jnp.ndarray = eqx.field(converter=as_number)
+    efficiency: jnp.ndarray = eqx.field(converter=as_number, default=0.8)
+    base_latency: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
 
     def _effective(self, kind, n):
         steps, traffic = _ring_traffic(kind, n)
@@ -153,14 +146,13 @@ class Torus(AbstractInterconnect):
     "How to Scale Your Model", part on TPU networking). Latency steps add over the axes.
     """
 
-    bandwidth: jnp.ndarray = eqx.field(converter=number("Torus.bandwidth"))
-    latency: jnp.ndarray = eqx.field(converter=number("Torus.latency"))
-    efficiency: jnp.ndarray = eqx.field(converter=number("Torus.efficiency"), default=0.8)
-    base_latency: jnp.ndarray = eqx.field(converter=number("Torus.base_latency"), default=0.0)
+    bandwidth: jnp.ndarray = eqx.field(converter=as_number)
+    latency: jnp.ndarray = eqx.field(converter=as_number)
+    efficiency: jnp.ndarray = eqx.field(converter=as_number, default=0.8)
+    base_latency: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
     dims: tuple[int, ...] = eqx.field(static=True, default=(16, 16))
 
     def __check_init__(self):
-        _check_link(self)
         dims = self.dims
         if not (isinstance(dims, tuple) and dims and all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)):

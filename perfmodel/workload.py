@@ -5,7 +5,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax.numpy as jnp
 
-from .checks import FRACTION, POSITIVE, UNIT_INTERVAL, Range, check, number
+from .checks import FRACTION, UNIT_INTERVAL, Range, as_number, check
 
 
 class Workload(eqx.Module):
@@ -24,29 +24,27 @@ class Workload(eqx.Module):
         7372.8
     """
 
-    input_len: jnp.ndarray = eqx.field(converter=number("Workload.input_len"))
+    input_len: jnp.ndarray = eqx.field(converter=as_number)
     """Maximum (nominal) input length, ISL (tokens)."""
-    output_len: jnp.ndarray = eqx.field(converter=number("Workload.output_len"))
+    output_len: jnp.ndarray = eqx.field(converter=as_number)
     """Maximum (nominal) output length, OSL (tokens)."""
-    input_range_ratio: jnp.ndarray = eqx.field(
-        converter=number("Workload.input_range_ratio"), default=0.8)
+    input_range_ratio: jnp.ndarray = eqx.field(converter=as_number, default=0.8)
     """Shortest input as a fraction of ISL (dimensionless, (0, 1])."""
-    output_range_ratio: jnp.ndarray = eqx.field(
-        converter=number("Workload.output_range_ratio"), default=0.8)
+    output_range_ratio: jnp.ndarray = eqx.field(converter=as_number, default=0.8)
     """Shortest output as a fraction of OSL (dimensionless, (0, 1])."""
-    first_wave_fraction: jnp.ndarray = eqx.field(
-        converter=number("Workload.first_wave_fraction"), default=0.1)
+    first_wave_fraction: jnp.ndarray = eqx.field(converter=as_number, default=0.1)
     """Share of requests sent in the opening burst, when every client starts at once
     (InferenceMAX: 10 prompts per client, so 0.1); 0 for a warmed-up or Poisson load. It
     shapes p99 TTFT only."""
     request_rate: jnp.ndarray | None = eqx.field(
-        default=None, converter=lambda x: None if x is None else number("Workload.request_rate")(x))
+        default=None, converter=as_number)
     """Open-loop arrival rate (requests/s); None for a closed loop."""
 
     def __check_init__(self):
         check(self, {"input_len": Range(low=1.0), "output_len": Range(low=1.0, low_open=True),
                      "input_range_ratio": FRACTION, "output_range_ratio": FRACTION,
-                     "first_wave_fraction": UNIT_INTERVAL, "request_rate": POSITIVE})
+                     "first_wave_fraction": UNIT_INTERVAL,
+                     "request_rate": Range(low=0.0, low_open=True, optional=True)})
 
     @property
     def mean_input_len(self):

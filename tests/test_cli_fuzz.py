@@ -3,13 +3,12 @@ each (an unknown option, name or format, a value of the wrong type, out of range
 infinite, a missing value), and every one is refused with exit status 2 and one line on
 standard error, before any work, never a traceback and never exit 0."""
 
-import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perfmodel.cli import main
+from perfmodel.cli import build_parser, main
 
 #: Valid argument lists, one per command, that the faults are injected into.
 BASES = {
@@ -88,6 +87,9 @@ def test_malformed_arguments_are_refused(argv):
 
 
 def test_the_bases_are_valid():
-    """The faults are in what is drawn, not in the argument lists they are put into."""
+    """The faults are in what is drawn, not in the argument lists they are put into: every
+    base parses (running them all would take minutes), and the cheap one runs."""
+    parser = build_parser()
+    for argv in BASES.values():
+        parser.parse_args(argv)
     assert main(BASES["list"]) == 0
-    assert all(math.isfinite(2.0) for _ in BASES)

@@ -138,3 +138,27 @@ def test_fuzz_invalid_values_are_refused(case):
     chip_field = {"tdp_w": "tdp", "hbm_tb_s": "hbm_bandwidth", "hbm_gb": "hbm_capacity",
                   "bf16_tflops": "peak_flops", "idle_w": "idle_power"}.get(field, field)
     assert field in text or chip_field in text, (name, field, value, text)
+
+
+def _numeric_fields():
+    """(spec, field) for every field converted by `checks.as_number`: a spec that adds a
+    number field without a range rule fails here."""
+    import dataclasses
+
+    from perfmodel.checks import as_number
+
+    chip = pm.get_chip("h100")
+    specs = [pm.Workload(1024, 256), pm.Runtime(), pm.SpecDecode(), pm.Efficiency(),
+             pm.EnergyCoefficients(), chip, chip.scale_up, pm.Ring(1e11, 1e-6),
+             pm.Torus(1e11, 1e-6), _design()]
+    return [pytest.param(spec, f.name, id=f"{type(spec).__name__}.{f.name}")
+            for spec in specs for f in dataclasses.fields(spec)
+            if f.metadata.get("converter") is as_number]
+
+
+@pytest.mark.parametrize("spec, field", _numeric_fields())
+def test_every_number_field_is_checked(spec, field):
+    import dataclasses
+
+    with pytest.raises(TypeError, match=f"{type(spec).__name__}.{field} must be a number"):
+        dataclasses.replace(spec, **{field: "x"})

@@ -11,7 +11,7 @@ Compilation: the solve is one program (optimistix runs its loop under `jax.lax.w
 holding every batch of rows and its Jacobian. What keeps it affordable: aggregated rows of
 one model, chip and precision share one vmapped function (`data.batches`), the model runs
 with `vectorize=True`, each row's Jacobian is taken in its own 12 parameters
-(`latency.rowwise_jacobian`), and XLA:CPU's fusion emitters are off (`_compiler_options`).
+(`latency.rowwise_jacobian`), and XLA:CPU's fusion emitters are off (`_CPU_COMPILER_OPTIONS`).
 Which rows and samples are fitted are weights (array leaves), so every refit on a subset
 (held-out, leave-one-chip-out) reuses the compiled program.
 """
@@ -22,13 +22,13 @@ import functools
 from collections.abc import Sequence
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
 from ..datasets import BenchRow
 from ..presets import chip_key, get_chip
+from ..search.compile import compiler_options
 from ..solvers import RESULTS, check
 from .latency import OUTPUTS, AbstractBlock, EndToEnd, OpTimings, Prior, huber_residuals
 from .params import FAMILY_FALLBACK, POOLED, Params, resolve_family
@@ -38,22 +38,8 @@ DELTA = 0.2
 
 # XLA:CPU's fusion emitters double this scalar-heavy program's compile time without
 # speeding it up (measured with jaxlib 0.10 on one disaggregated batch's Jacobian: 4.9 s ->
-# 2.5 s); jaxlib 0.11 drops the flag and rejects it. The same probe as `perfmodel.optimize`.
+# 2.5 s); `search.compile.compiler_options` keeps the flag where this XLA accepts it.
 _CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-
-
-@functools.cache
-def _compiler_options():
-    if jax.default_backend() != "cpu":
-        return None
-    try:
-        jax.jit(lambda x: x + 1.0, compiler_options=_CPU_COMPILER_OPTIONS).lower(
-            np.float32(0.0)).compile()
-    except jax.errors.JaxRuntimeError as error:
-        if "compile option" not in str(error):
-            raise
-        return None
-    return _CPU_COMPILER_OPTIONS
 
 
 class LatencyFit(eqx.Module):
@@ -118,7 +104,7 @@ def _solver(rtol: float, atol: float) -> optx.LevenbergMarquardt:
 @functools.cache
 def _jitted(fun):
     # Built on first use: the compiler-option probe starts the backend.
-    return eqx.filter_jit(fun, compiler_options=_compiler_options())
+    return eqx.filter_jit(fun, compiler_options=compiler_options(_CPU_COMPILER_OPTIONS))
 
 
 def fit(params: Params, blocks: Sequence[AbstractBlock], *, max_steps: int = 100,

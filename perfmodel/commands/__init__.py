@@ -30,12 +30,16 @@ MAX_TOKENS = 100_000_000
 MAX_STEPS = 100_000
 
 
-def positive_int(text: str, largest: int = MAX_STEPS) -> int:
-    """argparse type: an integer in [1, `largest`] (the message names the value)."""
+def _integer(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def positive_int(text: str, largest: int = MAX_STEPS) -> int:
+    """argparse type: an integer in [1, `largest`] (the message names the value)."""
+    value = _integer(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not positive")
     if value > largest:
@@ -51,10 +55,7 @@ def chip_count(text: str) -> int:
 def token_count(text: str) -> int:
     """argparse type of --isl and --osl: an integer in [1, `MAX_TOKENS`] (check_lengths
     adds the model's own limits)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = _integer(text)
     if value > MAX_TOKENS:
         raise argparse.ArgumentTypeError(f"{value} is more than {MAX_TOKENS:,} tokens")
     return value

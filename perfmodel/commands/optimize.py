@@ -192,7 +192,16 @@ def _result(args):
                         progress=progress(args))
         out["exhaustive"] = {"design": ex.design, "objective_value": ex.objective_value,
                              "feasible": ex.feasible, "points": ex.points, "wall_s": ex.wall_s}
-    return out
+    run = None
+    if args.emit and result.feasible:
+        from ..deploy import launch
+        try:
+            run = launch(args.emit, result.design, model, chip,
+                         max_context=args.isl + args.osl)
+            out["launch"] = run.as_dict()
+        except ValueError as error:
+            out["launch"] = {"engine": args.emit, "refused": str(error)}
+    return out, run
 
 
 def _clean(value):
@@ -273,26 +282,15 @@ EXIT_INFEASIBLE = 1
 
 
 def run(args) -> int:
-    out = _clean(_result(args))
-    refused = None
-    if args.emit and out["feasible"]:
-        from ..deploy import launch
-        from ..presets import find_model, get_chip
-        try:
-            out["launch"] = launch(args.emit, out["design"], find_model(args.model),
-                                   get_chip(args.chip),
-                                   max_context=args.isl + args.osl).as_dict()
-        except ValueError as error:
-            refused = str(error)
-            out["launch"] = {"engine": args.emit, "refused": refused}
+    out, launch = _result(args)
+    out = _clean(out)
     if args.format == "json":
         print(json.dumps(out, indent=1, allow_nan=False))
     else:
         print(_table(out))
-        if "launch" in out and not refused:
-            from ..deploy import Launch
-            print(Launch(**{k: tuple(v) if isinstance(v, list) else v
-                            for k, v in out["launch"].items()}).text())
+        if launch is not None:
+            print(launch.text())
+    refused = out.get("launch", {}).get("refused")
     if refused:
         raise ValueError(f"--emit {args.emit}: {refused}")
     return 0 if out["feasible"] else EXIT_INFEASIBLE

@@ -298,11 +298,8 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         ValueError: unknown names or modes, or baselines not matching models.
 
     Example:
-        Two sweeps of 8 chips, about 20 s on 2 cores (tests/test_compare.py runs the same):
-
-        >>> rows = compare(["gpt-oss-120b"], modes=("predicted",), grid=(1., 64.),
-        ...                chips=8)  # doctest: +SKIP
-        >>> [(r["chip"], r["baseline"], r["mode"]) for r in rows]  # doctest: +SKIP
+        >>> rows = compare(["gpt-oss-120b"], modes=("predicted",), grid=(1., 64.), chips=8)
+        >>> [(r["chip"], r["baseline"], r["mode"]) for r in rows]
         [('jalapeno', 'gb200', 'predicted')]
     """
     models = list(models) if models else [p[0] for p in PAIRS]
