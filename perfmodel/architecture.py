@@ -94,6 +94,33 @@ class Model(eqx.Module):
         if self.num_sliding_layers and self.sliding_window <= 0:
             raise ValueError(f"Model {self.name!r}: sliding layers need sliding_window > 0")
 
+    def split_problem(self, tp: int, dp_attention: bool = False) -> str | None:
+        """Why tensor-parallel attention over `tp` chips cannot split this model's heads, or
+        None when it can (static degrees).
+
+        Up to the query heads, `tp` must divide them (vLLM checks
+        `num_attention_heads % tensor_parallel_size == 0`); past them it splits each head's
+        dimensions, so it must be a multiple of the heads whose quotient divides `head_dim`
+        (the fractional head count of `roofline.operators`). GQA KV heads split over
+        `min(tp, K)` chips and are replicated past K, so either K divides tp or tp divides K
+        (vLLM's rule for KV-head replication). MLA's latent and DP attention have no head
+        constraint.
+        """
+        if dp_attention or tp == 1:
+            return None
+        N, K = self.num_heads, self.num_kv_heads
+        if tp <= N and N % tp:
+            return (f"tp={tp} does not divide {self.name}'s {N} attention heads; use a tp "
+                    "that divides them")
+        if tp > N and (tp % N or self.head_dim % (tp // N)):
+            return (f"tp={tp} exceeds {self.name}'s {N} attention heads but does not split "
+                    f"them evenly (a multiple of {N} whose quotient divides head_dim "
+                    f"{self.head_dim} is needed)")
+        if self.attention != "mla" and (K % tp if tp <= K else tp % K):
+            return (f"tp={tp} cannot split {self.name}'s {K} KV heads (K must divide tp or "
+                    "tp divide K)")
+        return None
+
     # -- layer counts ------------------------------------------------------------------
     @property
     def is_moe(self) -> bool:

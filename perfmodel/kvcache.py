@@ -101,12 +101,13 @@ def weight_bytes_per_chip(model: Model, layout: Layout | LayoutNumbers, precisio
     Non-expert weights are split over tp (attention replicated under DP attention), routed
     experts over all tp chips (ep experts x tp/ep shards), layers over pp.
     """
-    attention = model.num_layers * model.attention_params_per_layer
-    other = model.non_expert_params - attention
+    # Floats: a Python int past 2**31 meeting a traced array overflows without x64.
+    attention = float(model.num_layers * model.attention_params_per_layer)
+    other = float(model.non_expert_params) - attention
     attn_share = branch(layout.dp_attention, lambda: 1.0, lambda: 1.0 / layout.tp)
     parts = {"attention": attention * attn_share * precision.weight_bytes,
              "dense": other / layout.tp * precision.weight_bytes,
-             "experts": model.expert_params_total / layout.tp * precision.expert_bytes}
+             "experts": float(model.expert_params_total) / layout.tp * precision.expert_bytes}
     if mapping is not None:
         extra = jnp.asarray(num_slices) - 1.0
         parts = {k: v * (1.0 + extra * getattr(mapping, k)[..., 2]) for k, v in parts.items()}

@@ -320,6 +320,9 @@ def _validate(model: Model, chip: Chip, workload: Workload, design: Design):
         if model.is_moe and model.num_experts % layout.ep:
             raise ValueError(f"layout ep={layout.ep} must divide the model's "
                              f"{model.num_experts} experts")
+        problem = model.split_problem(layout.tp, layout.dp_attention)
+        if problem:
+            raise ValueError(f"design.layout {layout.describe()}: {problem}")
         if layout.pp > model.num_layers:
             raise ValueError(f"layout pp={layout.pp} exceeds the model's {model.num_layers} "
                              "layers")
@@ -358,6 +361,17 @@ def _checked(workload: Workload, design: Design, chip: Chip):
     return specs
 
 
+def _split_bad(model: Model, tp):
+    """`Model.split_problem` on a possibly traced tp: True where it finds a problem."""
+    N, K = model.num_heads, model.num_kv_heads
+    ratio = jnp.maximum(jnp.round(tp / N), 1.0)
+    bad = jnp.where(tp <= N, jnp.mod(N, tp) != 0,
+                    (jnp.mod(tp, N) != 0) | (jnp.mod(model.head_dim, ratio) != 0))
+    if model.attention != "mla":
+        bad = bad | jnp.where(tp <= K, jnp.mod(K, tp) != 0, jnp.mod(tp, K) != 0)
+    return bad & (tp > 1)
+
+
 def _check_layout_numbers(model: Model, layout: LayoutNumbers) -> LayoutNumbers:
     """`layout` with its degrees checked by `eqx.error_if` (the checks `Layout` and
     `_validate` make on a static layout, for degrees that may be traced)."""
@@ -373,6 +387,9 @@ def _check_layout_numbers(model: Model, layout: LayoutNumbers) -> LayoutNumbers:
         ep = eqx.error_if(ep, jnp.mod(model.num_experts, ep) != 0,
                           f"design.layout.ep must divide the model's {model.num_experts} "
                           "experts")
+    tp = eqx.error_if(tp, _split_bad(model, tp) & ~layout.dp_attention,
+                      f"design.layout.tp must split {model.name}'s {model.num_heads} attention "
+                      f"and {model.num_kv_heads} KV heads (see Model.split_problem)")
     pp = eqx.error_if(pp, ~count(pp) | (pp > model.num_layers),
                       f"design.layout.pp must be a positive integer at most the model's "
                       f"{model.num_layers} layers")

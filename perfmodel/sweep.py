@@ -154,7 +154,8 @@ def _shapes(model: Model, chip: Chip):
             if model.is_moe and model.num_experts % ep:
                 continue
             for dpa in ((False, True) if (model.is_moe and tp > 1) else (False,)):
-                yield tp, ep, dpa
+                if model.split_problem(tp, dpa) is None:
+                    yield tp, ep, dpa
         tp *= 2
 
 
@@ -165,7 +166,8 @@ def candidate_layouts(model: Model | str, chip: Chip | str, chips: int,
     """The parallel layouts of `chips` chips that hold the weights and `min_batch` sequences.
 
     `tp` runs over powers of two up to min(chips, scale-up domain) (past the query heads it
-    splits head dimensions, a fractional head count in `roofline`), `ep` over {1, tp} where it
+    splits head dimensions, a fractional head count in `roofline`; `Model.split_problem` drops
+    degrees that cannot split the heads), `ep` over {1, tp} where it
     divides the experts, DP attention on and off for MoE models, and `pp` is the smallest
     power of two (at most the layer count) for which the weights and `min_batch` sequences of
     KV fit; the rest of the chips are replicas.

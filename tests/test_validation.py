@@ -4,11 +4,14 @@ hypothesis fuzz of invalid values across the public constructors)."""
 
 import math
 
+import equinox as eqx
+import jax.numpy as jnp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import perfmodel as pm
+import perfmodel.sweep
 
 DATASHEET = dict(bf16_tflops=1000, hbm_gb=80, hbm_tb_s=3.0, scaleup_gb_s=450, tdp_w=700)
 
@@ -162,3 +165,42 @@ def test_every_number_field_is_checked(spec, field):
 
     with pytest.raises(TypeError, match=f"{type(spec).__name__}.{field} must be a number"):
         dataclasses.replace(spec, **{field: "x"})
+
+
+def _predict(model_name, layout, chips=None):
+    chip, model = pm.get_chip("h200"), pm.get_model(model_name)
+    design = pm.Design(concurrency=8, layout=layout, precision=pm.precision(chip, model))
+    return pm.predict(model, chip, pm.Workload(1024, 256), design)
+
+
+@pytest.mark.parametrize("model_name, layout, words", [
+    ("llama-3.1-70b", pm.Layout(tp=3), "tp=3 does not divide"),       # 64 heads, 8 KV
+    ("llama-4-scout", pm.Layout(tp=16), "40 attention heads"),
+    ("mixtral-8x22b", pm.Layout(tp=32), "48 attention heads"),
+    ("qwen3-32b", pm.Layout(tp=96), "does not split them evenly"),
+])
+def test_layouts_that_cannot_split_the_heads_are_refused(model_name, layout, words):
+    with pytest.raises(ValueError, match=words):
+        _predict(model_name, layout)
+
+
+@pytest.mark.parametrize("model_name, layout", [
+    ("llama-3.1-70b", pm.Layout(tp=16)),    # KV heads replicated past 8
+    ("llama-3.1-70b", pm.Layout(tp=128)),   # past the heads: each head split in two
+    ("llama-4-maverick", pm.Layout(tp=16, ep=16, dp_attention=True)),  # DP attention
+    ("deepseek-r1", pm.Layout(tp=32)),      # MLA: no KV-head constraint
+])
+def test_layouts_that_split_the_heads_are_accepted(model_name, layout):
+    assert pm.get_model(model_name).split_problem(layout.tp, layout.dp_attention) is None
+    assert bool(jnp.isfinite(_predict(model_name, layout).tpot))
+
+
+def test_traced_layout_degrees_are_checked_for_heads():
+    with pytest.raises(eqx.EquinoxRuntimeError, match="must split"):
+        _predict("llama-4-scout", pm.Layout(tp=16).numbers())
+    assert bool(jnp.isfinite(_predict("llama-4-scout", pm.Layout(tp=8).numbers()).tpot))
+
+
+def test_candidate_layouts_skip_degrees_that_cannot_split_the_heads():
+    tps = {layout.tp for layout in pm.sweep.candidate_layouts("llama-4-scout", "h100", 32)}
+    assert 8 in tps and 16 not in tps and 32 not in tps

@@ -109,6 +109,10 @@ def build_groups(rows: Sequence[BenchRow]) -> tuple[list[Group], dict[int, str]]
                     layout = Disaggregated(prefill=fixed[0], decode=fixed[1])
                 else:
                     layout = fixed[0]
+            for pool in pools:
+                problem = model.split_problem(pool.tp, pool.dp_attention)
+                if problem:
+                    raise ValueError(f"layout {pool.describe()}: {problem}")
             design = Design(concurrency=1.0, layout=layout, precision=prec)
         except ValueError as error:
             for member in members:
