@@ -223,7 +223,7 @@ def _inputs(specs: list[RowSpec], chip: Chip, fitted: dict, zero_overhead: bool 
     running = jnp.asarray([s.max_running for s in specs], dtype=float)
     # vLLM keeps the KV cache in the model's dtype unless told otherwise.
     kv = "bf16" if first.framework.startswith("vllm") else None
-    prec = precision(chip, first.model, first.weights, kv=kv)
+    prec = precision(chip, first.model, first.weights, kv=kv, emulate=True)   # what ran
     runtime = _runtime(first, fitted, running, zero_overhead, chip.family)
     if first.framework.startswith("vllm"):
         # vLLM keeps its profiled activation peak out of the KV cache, not a flat reserve;
@@ -267,17 +267,17 @@ def _features(model, chip, design, workload):
                                    per_link_byte=unit[n_flop + 1] * 1e-15,
                                    active_power=unit[n_flop + 2] * 1e-3)
         m = predict(model, eqx.tree_at(lambda c: c.energy, free, energy), workload, design,
-                    hard=True, check=False)
+                    hard=True, check=False, unfit="value")
         return m.j_per_output_token
 
     n_flop = len(COMPUTE_CLASSES)
     scale = jnp.asarray([1e-15] * (n_flop + 2) + [1e-3])
     features = jax.vmap(joules)(jnp.eye(n_flop + 3)).T / scale[None, :]
-    m = predict(model, free, workload, design, hard=True, check=False)
+    m = predict(model, free, workload, design, hard=True, check=False, unfit="value")
 
     def step(efficiency):
         d = eqx.tree_at(lambda x: x.runtime.expert_efficiency, design, efficiency)
-        return predict(model, free, workload, d, hard=True, check=False).decode_step
+        return predict(model, free, workload, d, hard=True, check=False, unfit="value").decode_step
 
     ones = design.runtime.expert_efficiency
     _, slope = jax.jvp(step, (ones,), (jnp.ones_like(ones),))
@@ -690,7 +690,7 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
         first = members[0]
         chip = fitted_params.apply(get_chip(first.chip_name, calibrated=False), power=fitted)
         design, workload = _inputs(members, chip, fitted)
-        m = predict_jit(first.model, chip, workload, design, hard=True, check=False)
+        m = predict_jit(first.model, chip, workload, design, hard=True, check=False, unfit="value")
         row = {k: np.asarray(v) for k, v in m.to_row("pred_").items()}
         for j, spec in enumerate(members):
             fits = bool(row["pred_fits"][j])

@@ -115,3 +115,26 @@ def instance(owner, field: str, *types) -> None:
         names = " or ".join(t.__name__ for t in types)
         raise TypeError(f"{type(owner).__name__}.{field} must be a {names}, got "
                         f"{type(value).__name__} {str(value)[:40]!r}")
+
+
+def error_if(value, bad, message: str):
+    """`eqx.error_if(value, bad, message)` for a run-time check of a possibly traced value.
+
+    On concrete values (an eager call) the check runs at once and raises
+    `equinox.EquinoxRuntimeError` with the message and the first offending value, so the
+    error points at the call that failed and says what it got (NaN, infinity, a number out
+    of range); traced values (under jit, vmap or grad) go through `eqx.error_if`.
+    """
+    import equinox as eqx
+
+    if isinstance(value, jax.core.Tracer) or isinstance(bad, jax.core.Tracer):
+        return eqx.error_if(value, bad, message)
+    flags = np.asarray(bad)
+    if flags.any():
+        values = np.broadcast_to(np.asarray(value), flags.shape)[flags] if np.ndim(value) \
+            else np.asarray(value).reshape(1)
+        if values.dtype == bool:
+            raise eqx.EquinoxRuntimeError(message)
+        more = f" (and {flags.sum() - 1} more)" if flags.sum() > 1 else ""
+        raise eqx.EquinoxRuntimeError(f"{message}; got {float(values.flat[0])!r}{more}")
+    return value

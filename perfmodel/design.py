@@ -18,7 +18,7 @@ from .checks import (
     check,
     instance,
 )
-from .formats import COMPUTE_CLASSES, FORMAT_BYTES, compute_class, resolve_format
+from .formats import COMPUTE_CLASSES, FORMAT_BYTES, FORMAT_CLASS, compute_class, resolve_format
 from .hardware import Chip
 
 #: Where a class of state lives across a chip's slices.
@@ -224,7 +224,8 @@ _WIDTH_ORDER = ("int4", "mxfp4", "nvfp4", "int8", "fp8", "fp16", "bf16", "fp32")
 
 def precision(chip: Chip, model: Model, weights: str | None = None,
               experts: str | None = None, kv: str | None = None,
-              activations: str = "bf16", attention: str = "bf16") -> Precision:
+              activations: str = "bf16", attention: str = "bf16", *,
+              emulate: bool = False) -> Precision:
     """A concrete `Precision` for a chip and model.
 
     Args:
@@ -233,15 +234,24 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         weights: format of the routed experts of an MoE model and of all weights of a dense
             one (``"fp4"``, ``"fp8"``, ``"bf16"``, ...). Non-expert weights of an MoE model
             keep their released format when that is wider (gpt-oss: attention stays BF16 in
-            its MXFP4 release), else take this one.
+            its MXFP4 release), else take this one; with `experts` given too, `weights` is
+            the non-expert format exactly (what `Precision.names` and `perfmodel optimize`
+            print: `precision(chip, model, *names)` rebuilds the same precision).
         experts: override the routed-expert format.
         kv: KV-cache format; default BF16 (the engines' "auto").
         activations: format of activations moved between chips.
         attention: compute class of attention math, "bf16" (default) or "fp8" (FP8
-            attention kernels, where the chip has FP8).
+            attention kernels).
+        emulate: allow a requested weight or expert format, or FP8 attention, that the chip
+            does not compute natively: the weights are stored in that format and
+            dequantized for a BF16 matmul (weight-only quantization, as vLLM's Marlin
+            kernels run MXFP4 or FP8 weights on chips without FP4 or FP8 units), and
+            attention math runs in BF16. The model's released formats (the defaults) are
+            always allowed: they are what the checkpoint holds.
 
     Raises:
-        ValueError: unknown format names.
+        ValueError: unknown format names; a requested format the chip does not compute
+            natively, without `emulate`.
         TypeError: a format that is not a name.
 
     Example:
@@ -267,6 +277,8 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         released = resolve_format(model.weight_format, flavor)
         if base is None:
             weight_fmt = released
+        elif experts:
+            weight_fmt = base   # both given: each class exactly as named
         else:
             weight_fmt = max(base, released, key=_WIDTH_ORDER.index)
     else:
@@ -278,6 +290,17 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
     kv_fmt = resolve_format(kv, flavor) if kv is not None else "bf16"
     act_fmt = resolve_format(activations, flavor)
     native = chip.native_classes
+    requested = {"weights": weight_fmt if base is not None and weight_fmt == base else None,
+                 "experts": expert_fmt if (experts or base) and model.is_moe else None}
+    if attention.strip().lower() == "fp8":
+        requested["attention"] = "fp8"
+    for key, fmt in requested.items():
+        if fmt is not None and not emulate and FORMAT_CLASS[fmt] not in native:
+            raise ValueError(
+                f"precision: {chip.name} does not compute {fmt} natively (its classes: "
+                f"{', '.join(native)}); pass emulate=True (--emulate) to model {key} stored "
+                f"in {fmt} and computed in BF16 (weight-only quantization), or choose a "
+                "native format")
     attention_cls = "fp8" if (attention.strip().lower() == "fp8" and "fp8" in native) \
         else "bf16"
     return Precision(
@@ -480,3 +503,35 @@ class Design(eqx.Module):
     @property
     def disaggregated(self) -> bool:
         return isinstance(self.layout, Disaggregated)
+
+    def to_json(self) -> dict:
+        """Every field as JSON-ready data (`perfmodel.serialize.to_json`); `from_json`
+        rebuilds this design exactly."""
+        from .serialize import to_json
+
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Design:
+        """The design `to_json` wrote: a dict, or `perfmodel optimize --format json`
+        output (its `spec.design`).
+
+        Raises:
+            ValueError: not a design, or a field its constructor refuses.
+
+        Example:
+            >>> from perfmodel.presets import get_chip, get_model
+            >>> chip, model = get_chip("h200"), get_model("llama-3.1-8b")
+            >>> d = Design(concurrency=16, layout=Layout(tp=2), precision=precision(chip, model))
+            >>> Design.from_json(d.to_json()).layout.describe()
+            'tp2'
+        """
+        from .serialize import from_json
+
+        if isinstance(data, dict) and "spec" in data and "type" not in data:
+            data = data["spec"]["design"]
+        design = from_json(data)
+        if not isinstance(design, cls):
+            raise ValueError(f"Design.from_json: the data holds a {type(design).__name__}, "
+                             "not a Design")
+        return design

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import optimistix as optx
 
 from .architecture import Model
+from .checks import error_if
 from .design import Design, Disaggregated, Layout, LayoutNumbers
 from .hardware import Chip
 from .kvcache import kv_bytes_per_request, kv_transfer_fraction, max_batch, weight_bytes_per_chip
@@ -356,7 +357,7 @@ def _checked(workload: Workload, design: Design, chip: Chip):
     specs = (workload, design, chip)
     for read, test, message in _CHECKS:
         value = read(*specs)
-        checked = eqx.error_if(value, ~(test(value) & jnp.isfinite(value)), message)
+        checked = error_if(value, ~(test(value) & jnp.isfinite(value)), f"{message}, and finite")
         specs = eqx.tree_at(lambda t, r=read: r(*t), specs, checked)
     return specs
 
@@ -380,31 +381,64 @@ def _check_layout_numbers(model: Model, layout: LayoutNumbers) -> LayoutNumbers:
     def count(x):
         return (x >= 1) & (x == jnp.round(x)) & jnp.isfinite(x)
 
-    tp = eqx.error_if(tp, ~count(tp), "design.layout.tp must be a positive integer")
-    ep = eqx.error_if(ep, ~count(ep) | (jnp.mod(tp, ep) != 0),
+    tp = error_if(tp, ~count(tp), "design.layout.tp must be a positive integer")
+    ep = error_if(ep, ~count(ep) | (jnp.mod(tp, ep) != 0),
                       "design.layout.ep must be a positive integer dividing design.layout.tp")
     if model.is_moe:
-        ep = eqx.error_if(ep, jnp.mod(model.num_experts, ep) != 0,
+        ep = error_if(ep, jnp.mod(model.num_experts, ep) != 0,
                           f"design.layout.ep must divide the model's {model.num_experts} "
                           "experts")
-    tp = eqx.error_if(tp, _split_bad(model, tp) & ~layout.dp_attention,
+    tp = error_if(tp, _split_bad(model, tp) & ~layout.dp_attention,
                       f"design.layout.tp must split {model.name}'s {model.num_heads} attention "
                       f"and {model.num_kv_heads} KV heads (see Model.split_problem)")
-    pp = eqx.error_if(pp, ~count(pp) | (pp > model.num_layers),
+    pp = error_if(pp, ~count(pp) | (pp > model.num_layers),
                       f"design.layout.pp must be a positive integer at most the model's "
                       f"{model.num_layers} layers")
-    replicas = eqx.error_if(replicas, ~count(replicas),
+    replicas = error_if(replicas, ~count(replicas),
                             "design.layout.replicas must be a positive integer")
     return LayoutNumbers(tp=tp, ep=ep, pp=pp, replicas=replicas,
                          dp_attention=layout.dp_attention)
 
 
+#: `predict(unfit=...)` choices: what a design that does not fit in memory returns.
+UNFIT_MODES = ("nan", "raise", "value")
+
+#: Metrics that stay numbers when a design does not fit (they say how far it is from fitting).
+FIT_FIELDS = ("concurrency", "max_batch", "memory_excess", "memory_penalty", "fits", "steady")
+
+
+def _unfit(metrics: Metrics, mode: str) -> Metrics:
+    """`metrics` under the does-not-fit contract of `predict` (`UNFIT_MODES`)."""
+    if mode == "value":
+        return metrics
+    if mode == "raise":
+        fits = error_if(metrics.fits, ~metrics.fits,
+                            "the design does not fit in memory: weights, reserve and one "
+                            "sequence of KV exceed memory_fraction x capacity per chip "
+                            "(see Metrics.memory_excess); use more chips, a deeper pipeline "
+                            "or a narrower format")
+        return eqx.tree_at(lambda m: m.fits, metrics, fits)
+    fields = {}
+    for key in COLUMNS:
+        value = getattr(metrics, key)
+        fields[key] = value if key in FIT_FIELDS else jnp.where(metrics.fits, value, jnp.nan)
+    return Metrics(**fields)
+
+
 def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
             sharpness=DEFAULT_SHARPNESS, hard: bool = False, check: bool = True,
-            vectorize: bool = False) -> Metrics:
+            vectorize: bool = False, unfit: str = "nan") -> Metrics:
     """Predict steady-state serving metrics of a design.
 
     Pure JAX: jit, vmap and grad through chip, workload and design leaves.
+
+    Does not fit: a design whose weights, activation reserve and one sequence of KV cache
+    exceed the usable memory of a chip (`Metrics.fits` False) has no latency. By default
+    (`unfit="nan"`) its latency, throughput and power metrics are NaN, while `fits`,
+    `memory_excess`, `memory_penalty`, `max_batch`, `concurrency` and `steady` stay numbers;
+    `unfit="raise"` raises instead (`eqx.error_if`; eager and jitted alike); `unfit="value"`
+    returns the smooth continuation past the memory limit, which optimizers and fits need
+    for their gradients (read `memory_penalty` with it, never the latencies alone).
 
     Args:
         model: architecture (static).
@@ -421,6 +455,8 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         vectorize: static; evaluate each step's operators, and the engine steps of a
             phase, along an array axis (`roofline.step_cost`): the same numbers, faster for a
             single design on CPU (the optimizer's gradient steps), slower under a wide vmap.
+        unfit: static; "nan", "raise" or "value" (`UNFIT_MODES`): what a design that does
+            not fit returns (above).
 
     Returns:
         `Metrics`.
@@ -440,6 +476,8 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         >>> bool(m.fits) and 50 < float(m.interactivity) < 500
         True
     """
+    if unfit not in UNFIT_MODES:
+        raise ValueError(f"unfit must be one of {UNFIT_MODES}, got {unfit!r}")
     _validate(model, chip, workload, design)
     if check:
         workload, design, chip = _checked(workload, design, chip)
@@ -458,7 +496,7 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
     rps = out.requests_per_s
     total = rps * (I + O) / chips
     power = out.power
-    return Metrics(
+    return _unfit(Metrics(
         concurrency=concurrency, ttft=out.ttft, tpot=out.tpot,
         interactivity=1.0 / out.tpot, e2e=out.e2e, p99_ttft=out.p99_ttft,
         p99_tpot=out.p99_tpot, throughput_per_chip=total,
@@ -469,7 +507,7 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         max_batch=out.fit, memory_excess=out.excess, memory_penalty=out.penalty,
         fits=(out.excess <= 0) & (out.fit >= 1.0), decode_step=out.step,
         prefill_fraction=out.prefill, throttle=out.throttle,
-        steady=jnp.broadcast_to(steady, jnp.shape(out.e2e)))
+        steady=jnp.broadcast_to(steady, jnp.shape(out.e2e))), unfit)
 
 
 #: Open-loop operating point: relative and absolute tolerance of the fixed point

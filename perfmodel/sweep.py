@@ -350,7 +350,7 @@ def _evaluate(model: Model, chip: Chip, workload: Workload, design: Design, conc
 
     def one(c):
         d = eqx.tree_at(lambda x: x.concurrency, design, c)
-        return predict(model, chip, workload, d, hard=True, check=False)
+        return predict(model, chip, workload, d, hard=True, check=False, unfit="value")
 
     return eqx.filter_vmap(one)(concurrency)
 
@@ -512,7 +512,7 @@ def elasticities(model: Model | str, chip: Chip | str, workload: Workload, desig
     def log_metric(log_scale):
         leaves = tuple(get(chip) * jnp.exp(s) for get, s in zip(getters, log_scale, strict=True))
         scaled = eqx.tree_at(lambda c: tuple(get(c) for get in getters), chip, leaves)
-        out = predict(model, scaled, workload, design, sharpness=sharpness)
+        out = predict(model, scaled, workload, design, sharpness=sharpness, unfit="value")
         return jnp.log(getattr(out, metric))
 
     grads = jax.grad(log_metric)(jnp.zeros(len(specs)))

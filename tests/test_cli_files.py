@@ -231,3 +231,21 @@ def _register_with(run, register):
         parser.set_defaults(func=run)
         return parser
     return wrapped
+
+
+@pytest.mark.parametrize("content, words", [
+    ("not json", "cannot read it as JSON"),
+    ('{"design": {}}', "no 'spec'"),
+    ('{"spec": {"model": "llama-3.1-8b", "chip": {"type": "Chip"}, "workload": {}, '
+     '"design": {}}}', "--design"),
+])
+def test_predict_design_errors_are_one_line(tmp_path, capsys, content, words):
+    path = tmp_path / "design.json"
+    path.write_text(content)
+    assert main(["predict", "--design", str(path)]) == 2
+    _one_line_error(capsys.readouterr().err, words)
+
+
+def test_predict_needs_rows_or_a_design(capsys):
+    assert main(["predict"]) == 2
+    _one_line_error(capsys.readouterr().err, "IN.csv or --design")

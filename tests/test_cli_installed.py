@@ -1,5 +1,7 @@
 """Issue 19's ten points, each through the installed `perfmodel` console script in a fresh
-process (what a user types), not through `main(argv)` in process."""
+process (what a user types), not through `main(argv)` in process. The errors run by default
+(about a second each); the runs that sweep or optimize are with the slow tests, and
+`test_cli*.py` check the same points in process by default."""
 
 import csv
 import io
@@ -59,6 +61,7 @@ def test_3_plot_into_a_missing_folder_exits_2_at_once(tmp_path):
 
 
 # 4. Hugging Face models: a shipped id and a config path run, named after the id.
+@pytest.mark.slow   # a sweep in a fresh process (5-10 s)
 def test_4_hugging_face_id_and_config_path(tmp_path):
     code, out, err = run("pareto", "--model", "Qwen/Qwen3-8B", "--chip", "h100", "--isl",
                          "1024", "--osl", "256", "--format", "json")
@@ -91,6 +94,7 @@ def test_6_lengths_past_the_context_need_a_flag():
     one_line_error(err, "maximum context", "--allow-long-context")
 
 
+@pytest.mark.slow   # a sweep in a fresh process (5-10 s)
 def test_6_rows_that_do_not_fit_or_cannot_split_get_no_numbers(tmp_path):
     rows = tmp_path / "rows.csv"
     rows.write_text(COLUMNS + "\n"
@@ -123,8 +127,23 @@ def test_7_8_optimize_default_target_and_inputs():
     assert code == 0 and "MLPerf" in out
 
 
+@pytest.mark.slow   # an optimize run (issue 24: its JSON design can be fed back)
+def test_optimize_design_fed_back_to_predict(tmp_path):
+    saved = tmp_path / "design.json"
+    code, out, err = run("optimize", "--model", "gpt-oss-120b", "--chip", "b200", "--chips",
+                         "2", "--isl", "1024", "--osl", "1024", "--format", "json")
+    assert code == 0, err
+    saved.write_text(out)
+    code, again, err = run("predict", "--design", str(saved))
+    assert code == 0, err
+    reported, replayed = json.loads(out)["metrics"], json.loads(again)["metrics"]
+    for key, value in reported.items():
+        assert replayed[key] == pytest.approx(value, rel=1e-9, abs=1e-300), key
+
+
 # 2 (piped: no progress bar; the pseudo-terminal case is the slow
 # `test_progress_bar_on_a_terminal_only`) and 8 (saved results name their inputs).
+@pytest.mark.slow   # a sweep in a fresh process (5-10 s)
 def test_2_8_pareto_json_and_csv_name_their_inputs_and_print_no_bar_when_piped():
     argv = ["pareto", "--model", "llama-3.1-8b", "--chip", "h100", "--isl", "2048", "--osl",
             "512"]
@@ -143,6 +162,7 @@ def test_2_8_pareto_json_and_csv_name_their_inputs_and_print_no_bar_when_piped()
 
 
 # 9. Columns say what they count, help explains them, tables fit 120 columns.
+@pytest.mark.slow   # a sweep in a fresh process (5-10 s)
 def test_9_columns_explained_and_tables_fit_120_columns():
     code, out, _ = run("pareto", "--help")
     assert code == 0

@@ -149,3 +149,29 @@ def test_valid_boundary_values_do_not_raise():
     m = pm.predict_jit(model, chip, workload, design)
     assert np.isfinite(float(m.tpot)) and np.isfinite(float(m.ttft))
     assert bool(jnp.all(jnp.isfinite(m.throughput_per_chip)))
+
+
+@pytest.mark.parametrize("value, shown", [(-1.0, "got -1.0"), (float("nan"), "got nan"),
+                                          (float("inf"), "got inf")])
+def test_eager_errors_point_at_the_call_and_name_the_value(value, shown):
+    """Eagerly, a failed run-time check is raised by the call that failed (after a valid
+    one), with the offending value and none of equinox's "stack inside of JIT" text."""
+    import traceback
+
+    model, chip, workload, design = case("dense")
+    pm.predict(model, chip, workload, design)   # a valid call first
+    bad = eqx.tree_at(lambda c: c.hbm_bandwidth, chip, arr(value))
+    with pytest.raises(eqx.EquinoxRuntimeError) as info:
+        pm.predict(model, bad, workload, design)
+    text = str(info.value)
+    assert text.startswith("chip.hbm_bandwidth must be > 0, and finite") and shown in text
+    assert "inside of JIT" not in text and "EQX_ON_ERROR" not in text
+    frames = [f for f in traceback.extract_tb(info.tb) if f.filename == __file__]
+    assert frames and frames[-1].line == "pm.predict(model, bad, workload, design)"
+
+
+def test_traced_errors_say_nan_and_infinity_fail():
+    model, chip, workload, design = case("dense")
+    bad = eqx.tree_at(lambda c: c.hbm_bandwidth, chip, arr(float("nan")))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="> 0, and finite"):
+        pm.predict_jit(model, bad, workload, design)

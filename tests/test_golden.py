@@ -49,7 +49,7 @@ def ideal_runtime() -> pm.Runtime:
 def book_precision(chip, model, weights, kv=None) -> pm.Precision:
     """`perfmodel.precision` with zero-byte activations: the book's estimates move only
     parameters and KV cache through HBM (and nothing between chips)."""
-    prec = pm.precision(chip, model, weights, kv=kv)
+    prec = pm.precision(chip, model, weights, kv=kv, emulate=True)   # weight-only
     return eqx.tree_at(lambda p: p.activation_bytes, prec, jnp.asarray(0.0))
 
 

@@ -16,6 +16,7 @@ import perfmodel as pm
 from perfmodel import search as ps
 from perfmodel.design import Layout
 from perfmodel.search import RESULTS
+from perfmodel.serialize import from_json, to_json
 
 # Three kernel groups (model, chip, layout, objective), each compiled once and shared by
 # its scenarios: targets are traced, so changing them never recompiles.
@@ -135,9 +136,37 @@ def count_traces():
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
+def _round_trip(result, model, chip, workload, label):
+    """The reported design, written to JSON and read back (`perfmodel.serialize`,
+    `Design.from_json`), reproduces the reported metrics to 1e-9; its printed names
+    (formats, placements, layout) rebuild the same precision, mapping and layout."""
+    capped, design = result.specs()
+    text = json.dumps({"chip": to_json(capped), "workload": to_json(workload),
+                       "design": design.to_json()})
+    back = json.loads(text)
+    again = pm.predict_jit(model, from_json(back["chip"]), from_json(back["workload"]),
+                           pm.Design.from_json(back["design"]), hard=True,
+                           unfit="value").to_row()
+    for key, value in result.metrics.items():
+        assert float(again[key]) == pytest.approx(value, rel=1e-9, abs=1e-300), (label, key)
+    f, p = result.design["formats"], result.design["placements"]
+    printed = pm.precision(chip, model, f["weights"], f["experts"], f["kv"],
+                           attention=f["attention"])
+    assert _same(printed, design.precision), (label, printed.names, design.precision.names)
+    assert _same(pm.mapping(**p), design.mapping), label
+    assert Layout.parse(result.design["layout"]) == design.layout, label
+    assert float(capped.tdp) == pytest.approx(result.design["power_cap_w"], rel=1e-12)
+
+
+def _same(a, b):
+    leaves = [jax.tree_util.tree_leaves(x) for x in (a, b)]
+    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b) and all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(*leaves, strict=True))
+
+
 def test_scenarios_match_exhaustive(groups):
     assert len(SCENARIOS) >= 20
-    infeasible = 0
+    infeasible = round_trips = 0
     for name, objective, limits in SCENARIOS:
         model, chip, workload, space = groups[name]
         tgt = ps.targets(chips=space.layouts[0].chips, **limits)
@@ -164,6 +193,9 @@ def test_scenarios_match_exhaustive(groups):
         if "max_power_w" in limits:
             assert m["power_w_modelled"] <= limits["max_power_w"] * (1 + 1e-9), label
         assert m["fits"], label
+        _round_trip(result, model, chip, workload, label)
+        round_trips += 1
+    assert round_trips >= 20
     # The two impossible targets, at least, are reported infeasible; most are feasible.
     assert 2 <= infeasible <= 4
 
@@ -242,7 +274,7 @@ def test_report_binding_and_multipliers(groups):
     # constraint and concurrency its free coordinate, so lambda = d score / d g_tpot along
     # concurrency, here by central differences of the exact model.
     capped, design = result.specs()
-    assert design.precision.names == tuple(result.design["formats"].values())
+    assert design.precision.names == tuple(result.design["formats"].values())[:3]
 
     def score_and_g(log_c):
         m = pm.predict(model, capped, workload, eqx.tree_at(

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import perfmodel as pm
+import perfmodel.serving
 import perfmodel.sweep
 
 DATASHEET = dict(bf16_tflops=1000, hbm_gb=80, hbm_tb_s=3.0, scaleup_gb_s=450, tdp_w=700)
@@ -59,6 +60,13 @@ EXAMPLES = [
      "weights"),
     (lambda: pm.precision(pm.get_chip("h100"), pm.get_model("llama-3.1-8b"),
                           attention="fp3"), "attention"),
+    # Formats the chip does not compute, unless emulated (weight-only quantization).
+    (lambda: pm.precision(pm.get_chip("a100"), pm.get_model("llama-3.1-8b"), "fp8"),
+     "emulate=True"),
+    (lambda: pm.precision(pm.get_chip("h100"), pm.get_model("gpt-oss-120b"), "nvfp4"),
+     "does not compute nvfp4"),
+    (lambda: pm.precision(pm.get_chip("a100"), pm.get_model("llama-3.1-8b"),
+                          attention="fp8"), "emulate=True"),
 ]
 
 
@@ -204,3 +212,55 @@ def test_traced_layout_degrees_are_checked_for_heads():
 def test_candidate_layouts_skip_degrees_that_cannot_split_the_heads():
     tps = {layout.tp for layout in pm.sweep.candidate_layouts("llama-4-scout", "h100", 32)}
     assert 8 in tps and 16 not in tps and 32 not in tps
+
+
+def _unfit_case():
+    chip, model = pm.get_chip("h200"), pm.get_model("llama-3.1-405b")   # 405B on one H200
+    design = pm.Design(concurrency=8, layout=pm.Layout(tp=1),
+                       precision=pm.precision(chip, model, "bf16"))
+    return model, chip, pm.Workload(1024, 256), design
+
+
+def test_a_design_that_does_not_fit_has_no_latency():
+    """The does-not-fit contract of `predict`: NaN latencies by default (never days of
+    TTFT as if valid), an error with unfit="raise", the smooth continuation with "value"."""
+    m = pm.predict(*_unfit_case())
+    assert not bool(m.fits) and float(m.memory_excess) > 0
+    for key in ("ttft", "tpot", "e2e", "throughput_per_chip", "power_per_chip"):
+        assert math.isnan(float(getattr(m, key))), key
+    for key in pm.serving.FIT_FIELDS:
+        assert math.isfinite(float(getattr(m, key))), key
+    with pytest.raises(eqx.EquinoxRuntimeError, match="does not fit"):
+        pm.predict(*_unfit_case(), unfit="raise")
+    with pytest.raises(eqx.EquinoxRuntimeError, match="does not fit"):
+        pm.predict_jit(*_unfit_case(), unfit="raise")
+    value = pm.predict(*_unfit_case(), unfit="value")
+    assert float(value.ttft) > 0 and float(value.memory_penalty) > 0
+    with pytest.raises(ValueError, match="unfit must be one of"):
+        pm.predict(*_unfit_case(), unfit="clip")
+
+
+def test_a_design_that_fits_is_the_same_in_every_mode():
+    model, chip, workload, design = _unfit_case()
+    design = eqx.tree_at(lambda d: d.layout, design, pm.Layout(tp=8))
+    rows = [pm.predict(model, chip, workload, design, unfit=mode).to_row()
+            for mode in pm.serving.UNFIT_MODES]
+    assert bool(rows[0]["fits"]) and rows[0] == rows[1] == rows[2]
+
+
+def test_emulated_formats_are_weight_only():
+    chip, model = pm.get_chip("h100"), pm.get_model("gpt-oss-120b")
+    emulated = pm.precision(chip, model, "mxfp4", emulate=True)
+    assert emulated.names == ("bf16", "mxfp4", "bf16")
+    assert float(emulated.expert_bytes) < 1 and emulated.expert_compute.tolist() == \
+        pm.precision(chip, model, "bf16").expert_compute.tolist()
+    released = pm.precision(chip, model)   # the checkpoint's own MXFP4 needs no flag
+    assert released.names == emulated.names
+
+
+def test_printed_formats_rebuild_the_precision():
+    """With every class named, `precision` takes each exactly (what optimize prints)."""
+    chip, model = pm.get_chip("b200"), pm.get_model("gpt-oss-120b")
+    p = pm.precision(chip, model, "fp8", "nvfp4", "fp8")
+    assert p.names == ("fp8", "nvfp4", "fp8")
+    assert pm.precision(chip, model, "fp8").names == ("bf16", "fp8", "bf16")   # released wider

@@ -91,7 +91,7 @@ def build_groups(rows: Sequence[BenchRow]) -> tuple[list[Group], dict[int, str]]
         try:
             model = model_of(row.model)
             chip = get_chip(row.hardware, calibrated=False)
-            prec = precision(chip, model, row.precision)
+            prec = precision(chip, model, row.precision, emulate=True)   # what ran
             if row.disaggregated:
                 layout = Disaggregated(prefill=_layout(row.prefill), decode=_layout(row.decode))
                 pools = (layout.prefill, layout.decode)

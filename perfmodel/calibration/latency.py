@@ -170,7 +170,8 @@ def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_
     spec = SpecDecode(draft_tokens=draft, acceptance=MTP_ACCEPTANCE)
     design = eqx.tree_at(lambda d: (d.concurrency, d.speculative, d.runtime), design,
                          (conc, spec, runtime))
-    return predict(model, chip, Workload(isl, osl), design, check=False, vectorize=vectorize)
+    return predict(model, chip, Workload(isl, osl), design, check=False, vectorize=vectorize,
+                   unfit="value")
 
 
 def outputs(m: Metrics) -> jnp.ndarray:

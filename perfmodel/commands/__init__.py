@@ -77,6 +77,9 @@ def add_spec_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
     parser.add_argument("--precision", default=None,
                         help="weight format (fp4, fp8, int8, bf16, mxfp4, nvfp4, int4); default: "
                              "the narrowest format the chip computes natively")
+    parser.add_argument("--emulate", action="store_true",
+                        help="allow a --precision the chip does not compute natively: weights "
+                             "stored in it and computed in BF16 (weight-only quantization)")
 
 
 def add_format_arg(parser: argparse.ArgumentParser, formats: tuple = FORMATS) -> None:
@@ -128,19 +131,21 @@ def check_lengths(isl: int, osl: int, model=None, allow_long: bool = False) -> N
 
 
 def resolve(args):
-    """(model, chip, precision name) from parsed arguments; ValueError on unknown names."""
-    from ..formats import resolve_format
+    """(model, chip, `Precision`) from parsed arguments; ValueError on unknown names and on
+    a --precision the chip does not compute natively without --emulate."""
+    from ..design import precision
     from ..presets import find_model, get_chip
     from ..sweep import default_precision
 
     model, chip = find_model(args.model), get_chip(args.chip)
     check_lengths(args.isl, args.osl, model, args.allow_long_context)
-    fmt = args.precision
-    if fmt is None:
-        fmt = default_precision(chip, model)
-    else:
-        resolve_format(fmt, chip.fp4_flavor)   # raises, naming the valid formats
-    return model, chip, fmt
+    if args.precision is None:
+        return model, chip, precision(chip, model, default_precision(chip, model))
+    try:
+        return model, chip, precision(chip, model, args.precision, emulate=args.emulate)
+    except ValueError as error:
+        raise ValueError(f"--precision {args.precision}: "
+                         f"{str(error).removeprefix('precision: ')}") from None
 
 
 def _check_finite(rows):

@@ -187,6 +187,15 @@ def _result(args):
         power_caps=list(args.power_caps), disaggregated=args.disaggregated,
         default_target=default_target)
     out["grid_points"] = space.size
+    if result.feasible:
+        # Every number of the reported design, for `perfmodel predict --design` and
+        # `Design.from_json`: its metrics are `predict(..., hard=True)` of these specs.
+        from ..serialize import to_json
+
+        capped, design = result.specs()
+        out["spec"] = {"model": args.model, "chip": to_json(capped),
+                       "workload": to_json(workload), "design": to_json(design),
+                       "evaluation": {"hard": True}}
     if args.check_exhaustive:
         ex = exhaustive(model, chip, workload, space, tgt, args.objective,
                         progress=progress(args))
@@ -217,8 +226,8 @@ def _clean(value):
 def _describe(design: dict) -> str:
     f, p = design["formats"], design["placements"]
     return (f"{design['layout']} on {design['chips']} chips, concurrency "
-            f"{design['concurrency']}, formats weights/experts/kv {f['weights']}/"
-            f"{f['experts']}/{f['kv']}, placement attention/dense/experts/kv "
+            f"{design['concurrency']}, formats weights/experts/kv/attention {f['weights']}/"
+            f"{f['experts']}/{f['kv']}/{f['attention']}, placement attention/dense/experts/kv "
             f"{p['attention']}/{p['dense']}/{p['experts']}/{p['kv']}, power cap "
             f"{design['power_cap_w']:.0f} W")
 

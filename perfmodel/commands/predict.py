@@ -32,9 +32,13 @@ def register(subparsers) -> argparse.ArgumentParser:
         "predict", help="predict every row of a benchmark CSV",
         description="Predict throughput, latency and power for every row of an "
                     "InferenceMAX-style (or power-measurement-style) CSV with the shipped fit.")
-    parser.add_argument("input", metavar="IN.csv", help="rows to predict")
+    parser.add_argument("input", metavar="IN.csv", nargs="?", help="rows to predict")
+    parser.add_argument("--design", metavar="DESIGN.json",
+                        help="instead of rows: the design of a `perfmodel optimize --format "
+                             "json` output (its `spec`), evaluated as the optimizer did; "
+                             "writes its metrics as JSON")
     parser.add_argument("--out", metavar="OUT.csv", default="-",
-                        help="output CSV (default: standard output)")
+                        help="output CSV (JSON with --design) (default: standard output)")
     parser.set_defaults(func=run)
     return parser
 
@@ -85,9 +89,58 @@ def _fit() -> str:
     return f"{v['fitted_latency']}; {v['fitted_power']}; perfmodel {v['perfmodel_version']}"
 
 
+def predict_design(path: str) -> dict:
+    """{"inputs", "metrics"} of the design in an optimize JSON output (`spec`): the same
+    specs through `predict(..., hard=True)`, so the metrics equal the reported ones.
+
+    Raises:
+        DataError (a ValueError): not readable, not JSON, or no `spec` in it.
+    """
+    import json
+
+    from ..presets import find_model
+    from ..serialize import from_json
+    from ..serving import predict
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"--design {path}: cannot read it as JSON ({error})") from None
+    spec = data.get("spec") if isinstance(data, dict) else None
+    if not isinstance(spec, dict) or not {"model", "chip", "workload", "design"} <= set(spec):
+        raise DataError(f"--design {path}: no 'spec' with model, chip, workload and design; "
+                        "give the output of `perfmodel optimize --format json` for a "
+                        "feasible design")
+    try:
+        model = find_model(spec["model"])
+        chip, workload, design = (from_json(spec[k]) for k in ("chip", "workload", "design"))
+    except (TypeError, ValueError) as error:
+        raise DataError(f"--design {path}: {error}") from None
+    hard = bool(spec.get("evaluation", {}).get("hard", True))
+    metrics = predict(model, chip, workload, design, hard=hard, check=True, unfit="value")
+    inputs = {"command": "predict", "design_file": path, "model": model.name,
+              "chip": chip.name,
+              "layout": getattr(design.layout, "describe", lambda: "layout numbers")(),
+              **versions()}
+    return {"inputs": inputs, "metrics": {k: float(v) for k, v in metrics.to_row().items()}}
+
+
 def run(args) -> int:
     if args.out != "-":
         check_output(args.out, "--out")
+    if (args.design is None) == (args.input is None):
+        raise ValueError("predict: give either IN.csv or --design DESIGN.json")
+    if args.design is not None:
+        import json
+
+        text = json.dumps(predict_design(args.design), indent=1) + "\n"
+        if args.out == "-":
+            sys.stdout.write(text)
+        else:
+            with open(args.out, "w") as handle:
+                handle.write(text)
+        return 0
     columns, rows = predict_file(args.input)
     handle = sys.stdout if args.out == "-" else open(args.out, "w", newline="")
     try:

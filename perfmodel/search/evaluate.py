@@ -121,7 +121,7 @@ class Problem(eqx.Module):
 def _evaluate(prob: Problem, layout, choice: Choice, hard: bool, vectorize: bool):
     capped, design, quality = materialize(prob.chip, prob.tables, layout, choice, vectorize)
     metrics = predict(prob.model, capped, prob.workload, design, sharpness=prob.sharpness,
-                      hard=hard, check=False, vectorize=vectorize)
+                      hard=hard, check=False, vectorize=vectorize, unfit="value")
     value = objective_value(prob.objective, metrics, prob.targets)
     sign = 1.0 if OBJECTIVES[prob.objective][1] else -1.0
     score = sign * jnp.log(jnp.maximum(value, 1e-300))

@@ -192,10 +192,14 @@ class GridIndex(eqx.Module):
         placements = space.placements
         names = {"attention": "attention_placement", "dense": "dense_placement",
                  "experts": "expert_placement", "kv": "kv_placement"}
+        kv = space.kv[i["kv"]]
+        # Attention math runs in FP8 with an FP8 cache where the chip has FP8 (`tables`).
+        attention = "fp8" if (kv == "fp8" and "fp8" in chip.native_classes) else "bf16"
         return {"layout": layout.describe(), "chips": layout.chips,
                 "concurrency": int(space.concurrency[i["concurrency"]]),
                 "formats": {"weights": space.weights[i["weights"]],
-                            "experts": space.experts[i["experts"]], "kv": space.kv[i["kv"]]},
+                            "experts": space.experts[i["experts"]], "kv": kv,
+                            "attention": attention},
                 "placements": {cls: placements[cls][i[names[cls]]] for cls in STATE_CLASSES},
                 "power_cap_w": float(space.power_caps[i["power_cap"]] * chip.tdp)}
 

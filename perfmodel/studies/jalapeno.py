@@ -194,7 +194,7 @@ def _peak_metrics(model_name, chip: Chip, layout: Layout, workload: Workload, ru
                     runtime.activation_reserve, None, chip.num_slices)
     conc = smooth_min(jnp.maximum(fit, 1.0), concurrency)
     design = Design(concurrency=conc, layout=single, precision=prec, runtime=runtime)
-    m = predict(model, chip, workload, design, check=False)
+    m = predict(model, chip, workload, design, check=False, unfit="value")
     return m.tok_s_per_kw_tdp, m.e2e
 
 
