@@ -8,11 +8,20 @@ shapes, it is never differentiated. Parameter counts follow the Hugging Face imp
 from __future__ import annotations
 
 import json
+import numbers
 import os
 
 import equinox as eqx
 
 ATTENTION_KINDS = ("gqa", "mla")
+
+
+#: `Model` fields that count something (integers >= 0).
+_COUNT_FIELDS = ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "vocab",
+                 "dense_ffn", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                 "qk_nope_head_dim", "v_head_dim", "sliding_window", "max_context",
+                 "num_sliding_layers", "num_experts", "experts_per_token", "moe_ffn",
+                 "num_shared_experts", "first_dense_layers", "moe_layer_step", "mtp_layers")
 
 
 class Model(eqx.Module):
@@ -67,11 +76,25 @@ class Model(eqx.Module):
     """Multi-token-prediction modules shipped with the model (DeepSeek-V3: 1)."""
 
     def __check_init__(self):
-        positive = ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "vocab")
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"Model.name must be a non-empty string, got {self.name!r}")
+        for key in _COUNT_FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"Model {self.name!r}: {key} must be an integer, got "
+                                f"{type(value).__name__} {value!r}")
+            if value < 0:
+                raise ValueError(f"Model {self.name!r}: {key} must be >= 0, got {value}")
+        positive = ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "vocab",
+                    "moe_layer_step")
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"Model {self.name!r}: {key} must be > 0, got "
                                  f"{getattr(self, key)}")
+        for key in ("gated_mlp", "tied_embeddings"):
+            if not isinstance(getattr(self, key), bool):
+                raise TypeError(f"Model {self.name!r}: {key} must be True or False, got "
+                                f"{getattr(self, key)!r}")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"Model {self.name!r}: attention must be one of {ATTENTION_KINDS}, "
                              f"got {self.attention!r}")

@@ -4,9 +4,9 @@ that are not CSV text, formats a command cannot write, `--version` and `perfmode
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+from installed import command, run
 
 import perfmodel as pm
 from perfmodel.cli import main
@@ -18,9 +18,7 @@ ROWS = os.path.join(DATA, "benchmarks_inferencemax.csv")
 
 def _cli(*argv, timeout=120):
     """The installed command in a fresh process: (exit status, stdout, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "perfmodel.cli", *argv], capture_output=True,
-                          text=True, timeout=timeout)
-    return done.returncode, done.stdout, done.stderr
+    return run(*argv, timeout=timeout)
 
 
 def _one_line_error(err: str, *words):
@@ -185,7 +183,7 @@ def _stderr_on_a_terminal(argv, timeout=600):
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    done = subprocess.run([sys.executable, "-m", "perfmodel.cli", *argv],
+    done = subprocess.run([command(), *argv], stdin=subprocess.DEVNULL,
                           stdout=subprocess.DEVNULL, stderr=slave, timeout=timeout)
     os.close(slave)
     reader.join(timeout=10)

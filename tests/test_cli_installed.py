@@ -8,29 +8,13 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
+from installed import run
 
 HF = os.path.join(os.path.dirname(__file__), "..", "perfmodel", "data", "hf_configs")
 COLUMNS = "model,hardware,framework,precision,spec_decoding,disagg,isl,osl,conc,tp,ep," \
           "dp_attention"
-
-
-def _command():
-    """The console script installed beside this interpreter (pip's entry point)."""
-    script = os.path.join(os.path.dirname(sys.executable), "perfmodel")
-    found = script if os.path.exists(script) else shutil.which("perfmodel")
-    assert found, "the perfmodel console script is not installed (pip install -e .)"
-    return found
-
-
-def run(*argv, timeout=300):
-    """(exit status, stdout, stderr) of `perfmodel ARGV` in a fresh process, piped."""
-    done = subprocess.run([_command(), *argv], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-    return done.returncode, done.stdout, done.stderr
 
 
 def one_line_error(err, *words):

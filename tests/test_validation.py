@@ -124,13 +124,40 @@ FIELDS = {
 }
 
 
+TOY = dict(name="toy", num_layers=4, hidden=256, num_heads=8, num_kv_heads=2, head_dim=32,
+           dense_ffn=512, vocab=1000)
+
+
+def _counts_outside(low):
+    """Invalid values of an integer field whose valid values are integers >= `low`."""
+    return st.one_of(st.integers(max_value=low - 1), st.floats(allow_nan=True),
+                     st.sampled_from(["4", "x", None, b"2", True, False]))
+
+
+#: Integer fields: (build from keyword overrides, {field: lowest valid value}).
+COUNTS = {
+    "Model": (lambda **k: pm.Model(**{**TOY, **k}), {
+        "num_layers": 1, "hidden": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 1,
+        "vocab": 1, "dense_ffn": 0, "num_experts": 0, "moe_ffn": 0, "sliding_window": 0,
+        "max_context": 0, "num_shared_experts": 0, "first_dense_layers": 0,
+        "moe_layer_step": 1, "mtp_layers": 0, "kv_lora_rank": 0}),
+    "Layout": (lambda **k: pm.Layout(**k), {"tp": 1, "ep": 1, "pp": 1, "replicas": 1}),
+}
+
+
 #: Fields where None is valid: no open-loop rate, the default idle power.
 NONE_MEANS_DEFAULT = {"request_rate", "idle_w"}
 
 
 @st.composite
 def invalid(draw):
-    name = draw(st.sampled_from(sorted(FIELDS)))
+    name = draw(st.sampled_from(sorted(FIELDS) + sorted(COUNTS)))
+    if name in COUNTS:
+        build, fields = COUNTS[name]
+        field = draw(st.sampled_from(sorted(fields)))
+        value = draw(_counts_outside(fields[field]).filter(
+            lambda v: not (isinstance(v, float) and v.is_integer() and v >= fields[field])))
+        return name, build, field, value
     build, fields = FIELDS[name]
     field = draw(st.sampled_from(sorted(fields)))
     value = draw(_numbers_outside(*fields[field]).filter(
