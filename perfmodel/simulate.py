@@ -89,6 +89,10 @@ class Policy(eqx.Module):
     reserve_full_prompt: bool = eqx.field(static=True, default=True)
     """Admit a request only when the blocks of its whole prompt are free (vLLM
     `scheduler_reserve_full_isl`); else only those of its first chunk."""
+    prefix_caching: bool = eqx.field(static=True, default=True)
+    """Freed KV blocks stay cached until reused (vLLM `enable_prefix_caching`, its v1
+    default): a preempted request readmitted recomputes only what was evicted meanwhile.
+    Prefixes shared between requests are not modelled."""
 
     def __check_init__(self):
         count = Range(low=1.0, integer=True)
@@ -305,6 +309,10 @@ class _State(eqx.Module):
     energy: jnp.ndarray
     area: jnp.ndarray
     stuck: jnp.ndarray
+    cached_at: jnp.ndarray
+    cached_blocks: jnp.ndarray
+    evicted: jnp.ndarray
+    queue_end: jnp.ndarray
 
 
 def _in_order(mask, key):
@@ -368,7 +376,8 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
                   finished=~valid, admitted_at=inf, queue_key=requests.arrival,
                   counter=jnp.asarray(0.0), scheduled=inf, first_token=inf, finish=inf,
                   preemptions=zeros, busy=jnp.asarray(0.0), energy=jnp.asarray(0.0),
-                  area=jnp.asarray(0.0), stuck=jnp.asarray(False))
+                  area=jnp.asarray(0.0), stuck=jnp.asarray(False), cached_at=zeros,
+                  cached_blocks=zeros, evicted=jnp.asarray(0.0), queue_end=kv_blocks)
 
     def blocks(tokens):
         return jnp.ceil(tokens / bs)
@@ -376,7 +385,16 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
     def body(s: _State) -> _State:
         t = s.t
         target = inputs + s.generated              # tokens whose KV precede the next sample
-        demand = jnp.minimum(target - s.computed, cap)
+        waiting = ~s.finished & ~s.running & (s.arrival <= t)
+        # Prefix caching: freed blocks form a queue reused from its front (vLLM's free block
+        # queue, an LRU); a preempted request's blocks, freed last block first, sit at
+        # `cached_at` onwards, and the `evicted` front has eaten those before it. Its
+        # surviving full blocks are a cached prefix (at least one token is recomputed).
+        hit = jnp.clip(s.cached_at + s.cached_blocks - s.evicted, 0.0, s.cached_blocks) \
+            if policy.prefix_caching else zeros
+        start = jnp.where(waiting, jnp.minimum(hit * bs, target - 1.0), s.computed)
+        hit = jnp.where(waiting, jnp.floor(start / bs), 0.0)
+        demand = jnp.minimum(target - start, cap)
         # 1. Running requests, oldest admission first, share the token budget.
         order, back = _in_order(s.running, s.admitted_at)
         run_sorted = s.running[order]
@@ -391,14 +409,14 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
         alloc = jnp.where(keep_sorted, alloc_sorted, 0.0)[back]
         used = jnp.sum(jnp.where(keep, blocks(s.computed + alloc), 0.0))
         # 3. Waiting requests, first come first served, while budget, seats and KV last.
-        waiting = ~s.finished & ~s.running & (s.arrival <= t)
         worder, wback = _in_order(waiting, s.queue_key)
         wait_sorted = waiting[worder]
         left = budget - jnp.sum(alloc)
         wwant = jnp.where(wait_sorted, demand[worder], 0.0)
         wbefore = jnp.cumsum(wwant) - wwant
         walloc = jnp.clip(left - wbefore, 0.0, wwant)
-        reserve = blocks(target[worder]) if policy.reserve_full_prompt else blocks(walloc)
+        reserve = blocks(target[worder]) if policy.reserve_full_prompt else \
+            blocks(start[worder] + walloc)
         rank = jnp.cumsum(wait_sorted) - 1.0
         fits = (wait_sorted & (rank < policy.max_num_seqs - jnp.sum(keep))
                 & (wbefore < left)
@@ -408,7 +426,7 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
         admitted = admit_sorted[wback]
         alloc = alloc + jnp.where(admit_sorted, walloc, 0.0)[wback]
         # 4. Cost the step's mix with the core model.
-        computed = jnp.where(preempted, 0.0, s.computed)
+        computed = jnp.where(preempted, 0.0, jnp.where(admitted, start, s.computed))
         decode = (alloc > 0) & (target - computed == 1.0) & (s.generated > 0)
         prefill = (alloc > 0) & ~decode
         num_decode = jnp.sum(decode)
@@ -442,6 +460,17 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
             arrival = arrival.at[follower].min(
                 jnp.where(done, end + requests.think_time, jnp.inf), mode="drop")
         num_admitted = jnp.sum(admitted)
+        # The free queue: blocks taken from its front (growth and new requests, cache hits
+        # excepted), blocks freed onto its back (preempted now, finished at the step's end).
+        taken = jnp.sum(jnp.where(keep | admitted, blocks(computed) - jnp.where(
+            admitted, hit, blocks(computed - alloc)), 0.0))
+        freed = jnp.where(preempted, blocks(s.computed), 0.0)
+        cached_at = jnp.where(preempted, s.queue_end + jnp.cumsum(freed) - freed, s.cached_at)
+        cached_at = cached_at + jnp.where(preempted, freed - jnp.floor(s.computed / bs), 0.0)
+        cached_blocks = jnp.where(preempted, jnp.floor(s.computed / bs),
+                                  jnp.where(admitted, 0.0, s.cached_blocks))
+        queue_end = s.queue_end + jnp.sum(freed) + jnp.sum(jnp.where(done, blocks(computed),
+                                                                     0.0))
         # Preempted requests go to the front of the queue, the latest preemption first and,
         # within one step, the oldest admission first (vLLM: popped from the tail of the
         # running list and pushed to the front of the waiting queue one by one).
@@ -457,7 +486,8 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
             first_token=jnp.where(sampled & jnp.isinf(s.first_token), end, s.first_token),
             finish=jnp.where(done, end, s.finish), preemptions=s.preemptions + preempted,
             busy=s.busy + dt, energy=s.energy + jnp.where(work, cost.dynamic_energy, 0.0),
-            area=area, stuck=stuck)
+            area=area, stuck=stuck, cached_at=cached_at, cached_blocks=cached_blocks,
+            evicted=s.evicted + taken, queue_end=queue_end)
 
     def cond(s: _State):
         return (s.step < max_steps) & ~jnp.all(s.finished) & ~s.stuck

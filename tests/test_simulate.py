@@ -1,5 +1,7 @@
 """The serving simulator (`perfmodel.simulate`) and trace loading (`perfmodel.traces`)."""
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -170,6 +172,13 @@ def test_preemption_when_kv_is_tiny():
                                        requests, max_steps=20_000))
     assert int(roomy.preemptions) == 0
     assert float(s.e2e.p99) > float(roomy.e2e.p99)
+    # Without prefix caching a preempted request recomputes all it had; with it, only what
+    # other requests' growth evicted meanwhile: the same schedule costs less.
+    uncached = sim.summarize(sim.simulate(
+        MODEL, CHIP, DESIGN, dataclasses.replace(policy, prefix_caching=False), requests,
+        max_steps=20_000))
+    assert int(uncached.preemptions) > 0 and int(uncached.unfinished) == 0
+    assert float(uncached.e2e.mean) > float(s.e2e.mean)
 
 
 def test_engine_kv_blocks_from_memory():
