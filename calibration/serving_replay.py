@@ -4,11 +4,11 @@ For each run of `calibration/data/serving/vllm_requests/` it takes the requests'
 times and lengths (`requests.jsonl`: only `arrival_time`, `input_toks`, `output_toks` are
 read for the prediction) and the engine configuration of `meta.json` (model, tensor
 parallelism, `max_num_seqs`, `max_num_batched_tokens`, `long_prefill_token_threshold`,
-KV blocks when recorded, `gpu_memory_utilization`), simulates them with vLLM's fitted
-runtime terms (`perfmodel.fitted.runtime_for("vllm")`) and prints median and p99 of TTFT,
-TPOT and E2E, predicted against measured (TTFT = first_token_ts - queued_ts, TPOT =
-(last_token_ts - first_token_ts) / (output_toks - 1), E2E = last_token_ts - queued_ts).
-Nothing is tuned to these runs.
+KV blocks and prefix caching when recorded, `gpu_memory_utilization`), simulates them with
+vLLM's fitted runtime terms (`perfmodel.fitted.runtime_for("vllm")`) and prints median
+and p99 of TTFT, TPOT and E2E, predicted against measured (TTFT = first_token_ts -
+queued_ts, TPOT = (last_token_ts - first_token_ts) / (output_toks - 1), E2E =
+last_token_ts - queued_ts). Nothing is tuned to these runs.
 
     python calibration/serving_replay.py [--json OUT.json]
 """
@@ -63,7 +63,8 @@ def engine(run: pathlib.Path):
                         kv_blocks=float(blocks) if blocks else np.inf,
                         block_size=float(cache.get("block_size", 16)),
                         reserve_full_prompt=bool(scheduler.get("scheduler_reserve_full_isl",
-                                                               True)))
+                                                               True)),
+                        prefix_caching=bool(cache.get("enable_prefix_caching", True)))
     return model, chip, design, policy
 
 

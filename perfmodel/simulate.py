@@ -316,9 +316,11 @@ class _State(eqx.Module):
 
 
 def _in_order(mask, key):
-    """Permutation putting `mask` entries first, by ascending `key`, and its inverse."""
-    order = jnp.lexsort((key, ~mask))
-    return order, jnp.argsort(order)
+    """Permutation putting `mask` entries first, by ascending `key` (finite where `mask`),
+    and its inverse."""
+    order = jnp.argsort(jnp.where(mask, key, jnp.inf), stable=True)
+    back = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
+    return order, back
 
 
 def _validate(model, chip, design, policy, requests):
@@ -337,7 +339,8 @@ def _validate(model, chip, design, policy, requests):
 
 
 def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests: Requests,
-             *, max_steps: int = 100_000, hard: bool = True) -> Result:
+             *, max_steps: int = 100_000, hard: bool = True,
+             vectorize: bool = True) -> Result:
     """Simulate one engine instance serving `requests` under `policy`.
 
     Args:
@@ -351,6 +354,9 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
         max_steps: static; the most engine steps simulated (unfinished requests are
             reported as such).
         hard: static; exact max in the step-time roofline (default), else the smooth one.
+        vectorize: static; evaluate each step's operators as one stack
+            (`roofline.step_cost`): the same numbers in fewer, larger operations, faster on
+            CPU inside the loop (XLA:CPU pays per operation).
 
     Returns:
         `Result` (see `summarize`).
@@ -439,7 +445,7 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
             prefill_context=jnp.sum(jnp.where(prefill, alloc * (computed + alloc / 2.0), 0.0))
             / jnp.maximum(prefill_tokens, 1.0),
             prefill_seqs=jnp.sum(prefill).astype(float))
-        _, cost = _capped_step(model, chip, design, layout, kw, 24.0, hard)
+        _, cost = _capped_step(model, chip, design, layout, kw, 24.0, hard, vectorize)
         work = jnp.any(alloc > 0)
         dt = jnp.where(work, cost.time, 0.0)
         pending = ~s.finished & (s.arrival > t)
