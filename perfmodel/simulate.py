@@ -338,6 +338,25 @@ def _validate(model, chip, design, policy, requests):
                          f"{design.layout.replicas}")
 
 
+#: Run-time checks of traced policy values (a vmapped stack is checked here, not when built).
+_POLICY_CHECKS = (
+    ("max_num_seqs", lambda x: x >= 1, "policy.max_num_seqs must be >= 1"),
+    ("max_num_batched_tokens", lambda x: x >= 1, "policy.max_num_batched_tokens must be >= 1"),
+    ("long_prefill_token_threshold", lambda x: x >= 1,
+     "policy.long_prefill_token_threshold must be >= 1 (inf for no cap)"),
+    ("kv_blocks", lambda x: x >= 2, "policy.kv_blocks must be >= 2 (inf: from memory)"),
+    ("block_size", lambda x: x >= 1, "policy.block_size must be >= 1"),
+)
+
+
+def _checked(policy: Policy) -> Policy:
+    for name, test, message in _POLICY_CHECKS:
+        value = getattr(policy, name)
+        value = eqx.error_if(value, ~test(value) | jnp.isnan(value), message)
+        policy = eqx.tree_at(lambda p, n=name: getattr(p, n), policy, value)
+    return policy
+
+
 def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests: Requests,
              *, max_steps: int = 100_000, hard: bool = True,
              vectorize: bool = True) -> Result:
@@ -363,8 +382,13 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
 
     Raises:
         ValueError: a spec of the wrong kind, a disaggregated or replicated layout.
+        equinox.EquinoxRuntimeError: a traced policy value out of range (`Policy`'s rules).
+
+    Queue order uses float keys of size steps x requests: run with `jax_enable_x64` (as the
+    package's tests and command line do) for long simulations.
     """
     _validate(model, chip, design, policy, requests)
+    policy = _checked(policy)
     n = requests.size
     bs = policy.block_size
     # vLLM's block pool keeps one null block out of use (`BlockPool.null_block`).
@@ -504,7 +528,7 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
                   finished=valid & jnp.isfinite(s.finish), preemptions=s.preemptions,
                   end_time=s.t, busy_time=s.busy, dynamic_energy=s.energy,
                   in_system_area=s.area, steps=s.step, idle_power=chip.idle_power,
-                  chips=jnp.asarray(float(design.chips)))
+                  chips=jnp.asarray(design.chips, dtype=float))
 
 
 simulate_jit = eqx.filter_jit(simulate)

@@ -301,3 +301,12 @@ def test_replay_of_the_measured_vllm_runs():
         for name in ("ttft", "tpot", "e2e"):
             for q in (50, 99):
                 assert abs(out[f"{name}_p{q}"]["error"]) < 0.25, (run.name, name, q, out)
+
+
+def test_traced_policy_values_are_checked():
+    requests = sim.trace(jnp.zeros(2), [8, 8], [2, 2])
+    stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), sim.Policy(), sim.Policy())
+    stacked = eqx.tree_at(lambda p: p.max_num_seqs, stacked, jnp.array([4.0, 0.0]))
+    with pytest.raises(RuntimeError, match="policy.max_num_seqs must be >= 1"):
+        jax.vmap(lambda p: sim.simulate(MODEL, CHIP, DESIGN, p, requests, max_steps=50)
+                 .steps)(stacked).block_until_ready()
