@@ -26,11 +26,8 @@ jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
 
-import perfmodel as pm  # noqa: E402
 from perfmodel import simulate as sim  # noqa: E402
-from perfmodel.fitted import runtime_for  # noqa: E402
-from perfmodel.kvcache import profile_activation_bytes  # noqa: E402
-from perfmodel.traces import load_trace  # noqa: E402
+from perfmodel.traces import load_trace, vllm_engine  # noqa: E402
 
 RUNS = pathlib.Path(__file__).resolve().parent / "data" / "serving" / "vllm_requests"
 #: Run directory prefix -> chip preset.
@@ -38,34 +35,8 @@ CHIPS = {"RTX4090": "rtx-4090", "RTXPRO6000": "rtx-pro-6000"}
 
 
 def engine(run: pathlib.Path):
-    """(model, chip, design, policy) of a run from its meta.json."""
-    meta = json.loads((run / "meta.json").read_text())
-    kwargs = meta["engine_kwargs"]
-    scheduler = meta.get("resolved_config", {}).get("scheduler_config", {})
-    cache = meta.get("kv_cache", {})
-    model = pm.get_model(meta["model"])
-    chip = pm.get_chip(CHIPS[run.name.split("_")[0]])
-    layout = pm.Layout(tp=int(kwargs["tensor_parallel_size"]))
-    if kwargs.get("dtype") not in ("bfloat16", "auto"):
-        raise ValueError(f"{run.name}: dtype {kwargs.get('dtype')} not replayed")
-    precision = pm.precision(chip, model, "bf16")
-    seqs, tokens = float(kwargs["max_num_seqs"]), float(kwargs["max_num_batched_tokens"])
-    # vLLM sizes its KV cache after a profiling pass over max_num_batched_tokens tokens.
-    reserve = profile_activation_bytes(model, layout, precision, tokens, seqs)
-    runtime = runtime_for("vllm", chip.family, max_batched_tokens=tokens, max_running=seqs,
-                          memory_fraction=float(cache.get("gpu_memory_utilization", 0.9)),
-                          activation_reserve=reserve)
-    design = pm.Design(concurrency=1.0, layout=layout, precision=precision, runtime=runtime)
-    threshold = float(scheduler.get("long_prefill_token_threshold", 0) or np.inf)
-    blocks = cache.get("num_gpu_blocks")
-    policy = sim.Policy(max_num_seqs=seqs, max_num_batched_tokens=tokens,
-                        long_prefill_token_threshold=threshold,
-                        kv_blocks=float(blocks) if blocks else np.inf,
-                        block_size=float(cache.get("block_size", 16)),
-                        reserve_full_prompt=bool(scheduler.get("scheduler_reserve_full_isl",
-                                                               True)),
-                        prefix_caching=bool(cache.get("enable_prefix_caching", True)))
-    return model, chip, design, policy
+    """(model, chip, design, policy) of a run from its meta.json (`traces.vllm_engine`)."""
+    return vllm_engine(run / "meta.json", CHIPS[run.name.split("_")[0]])
 
 
 def measured(run: pathlib.Path) -> dict:

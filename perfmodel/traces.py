@@ -99,3 +99,66 @@ def load_trace(path: str | os.PathLike, size: int | None = None,
     cut = slice(None, limit)
     return trace(data["arrival"][cut], data["input_len"][cut], data["output_len"][cut],
                  size=size)
+
+
+def vllm_engine(meta_path: str | os.PathLike, chip=None, framework: str = "vllm"):
+    """(model, chip, design, policy) of a vLLM run from its `meta.json` (the format of the
+    shared per-request runs): model, tensor parallelism, `max_num_seqs`,
+    `max_num_batched_tokens`, `long_prefill_token_threshold`, KV blocks, block size, prefix
+    caching and `gpu_memory_utilization` where recorded, with `framework`'s fitted runtime
+    terms (`fitted.runtime_for`). Where the file records no KV blocks, the cache is what fits
+    next to the weights and vLLM's profiling-pass activations
+    (`kvcache.profile_activation_bytes`).
+
+    Args:
+        meta_path: the run's meta.json.
+        chip: a `Chip` or preset name; default: the device the file names
+            (`hardware.device_name`).
+
+    Raises:
+        ValueError: no chip given or named, an unknown model or chip, a dtype other than
+            bfloat16, naming it.
+    """
+    from .design import Design, Layout, precision
+    from .fitted import runtime_for
+    from .kvcache import profile_activation_bytes
+    from .presets import find_model, get_chip
+    from .simulate import Policy
+
+    meta = json.loads(open(meta_path).read())
+    kwargs = meta.get("engine_kwargs", {})
+    scheduler = meta.get("resolved_config", {}).get("scheduler_config", {})
+    cache = meta.get("kv_cache") or {}
+    if "model" not in meta:
+        raise ValueError(f"{meta_path}: no 'model' in the engine metadata")
+    model = find_model(meta["model"])
+    if chip is None:
+        chip = meta.get("hardware", {}).get("device_name")
+        if chip is None:
+            raise ValueError(f"{meta_path} names no device (hardware.device_name): give the "
+                             "chip")
+    if isinstance(chip, str):
+        chip = get_chip(chip)
+    dtype = kwargs.get("dtype", "auto")
+    if dtype not in ("bfloat16", "auto"):
+        raise ValueError(f"{meta_path}: dtype {dtype!r} is not modelled (bfloat16 only)")
+    layout = Layout(tp=int(kwargs.get("tensor_parallel_size", 1)))
+    prec = precision(chip, model, "bf16")
+    seqs = float(scheduler.get("max_num_seqs", kwargs.get("max_num_seqs", 256)))
+    tokens = float(scheduler.get("max_num_batched_tokens",
+                                 kwargs.get("max_num_batched_tokens", 2048)))
+    # vLLM sizes its KV cache after a profiling pass over max_num_batched_tokens tokens.
+    reserve = profile_activation_bytes(model, layout, prec, tokens, seqs)
+    runtime = runtime_for(framework, chip.family, max_batched_tokens=tokens, max_running=seqs,
+                          memory_fraction=float(cache.get("gpu_memory_utilization", 0.9)),
+                          activation_reserve=reserve)
+    design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime)
+    threshold = float(scheduler.get("long_prefill_token_threshold", 0) or np.inf)
+    blocks = cache.get("num_gpu_blocks")
+    policy = Policy(max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                    long_prefill_token_threshold=threshold,
+                    kv_blocks=float(blocks) if blocks else np.inf,
+                    block_size=float(cache.get("block_size", 16)),
+                    reserve_full_prompt=bool(scheduler.get("scheduler_reserve_full_isl", True)),
+                    prefix_caching=bool(cache.get("enable_prefix_caching", True)))
+    return model, chip, design, policy
