@@ -125,7 +125,8 @@ def vllm_engine(meta_path: str | os.PathLike, chip=None, framework: str = "vllm"
     from .presets import find_model, get_chip
     from .simulate import Policy
 
-    meta = json.loads(open(meta_path).read())
+    with open(meta_path) as handle:
+        meta = json.load(handle)
     kwargs = meta.get("engine_kwargs", {})
     scheduler = meta.get("resolved_config", {}).get("scheduler_config", {})
     cache = meta.get("kv_cache") or {}

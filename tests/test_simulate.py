@@ -310,3 +310,39 @@ def test_traced_policy_values_are_checked():
     with pytest.raises(RuntimeError, match="policy.max_num_seqs must be >= 1"):
         jax.vmap(lambda p: sim.simulate(MODEL, CHIP, DESIGN, p, requests, max_steps=50)
                  .steps)(stacked).block_until_ready()
+
+
+def test_command_line(capsys, tmp_path):
+    import json
+
+    from perfmodel.cli import main
+
+    argv = ["simulate", "--rate", "8", "--requests", "24", "--isl", "256", "--osl", "16",
+            "--max-num-seqs", "8", "--max-tpot-ms", "1000", "--format", "json", "--quiet"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    for q in ("mean", "p50", "p90", "p95", "p99"):
+        assert set(out[q]) >= {"ttft_s", "tpot_s", "e2e_s"}
+        assert 0 < out[q]["ttft_s"] < out[q]["e2e_s"]
+    assert out["requests"] == 24 and out["unfinished"] == 0
+    assert out["inputs"]["max_num_seqs"] == 8.0
+    for key in ("preemptions", "goodput_per_chip", "utilization", "power_w", "wall_s"):
+        assert key in out
+    # A trace in the vLLM per-request format with only the four fields, and a run's meta.json.
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps({"request_id": str(i), "input_toks": 100 + i,
+                                        "output_toks": 8, "arrival_time": 1.7e9 + 0.1 * i})
+                            + "\n" for i in range(6)))
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"model": "meta-llama/Llama-3.1-8B", "engine_kwargs": {
+        "tensor_parallel_size": 1, "max_num_seqs": 4, "max_num_batched_tokens": 512,
+        "dtype": "bfloat16"}, "kv_cache": {"num_gpu_blocks": 400, "block_size": 16},
+        "hardware": {"device_name": "NVIDIA GeForce RTX 4090"}}))
+    assert main(["simulate", "--trace", str(path), "--engine-config", str(meta), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "6 requests" in text and "rtx-4090" in text and "ttft_s" in text
+    for bad, match in ((["--rate", "0"], "--rate"), ([], "give --rate"),
+                       (["--rate", "1", "--trace", str(path)], "not both"),
+                       (["--rate", "1", "--chip", "nonesuch"], "unknown chip")):
+        assert main(["simulate", *bad]) == 2
+        assert match in capsys.readouterr().err
