@@ -23,6 +23,15 @@ the mix it actually carries:
    prompt and output) completes emits a token at the end of the step, a decode one token.
    With nothing to run, the clock jumps to the next arrival.
 
+Approximations: the survivors of a KV shortage are found in one pass (vLLM preempts the
+tail one by one while it walks the running list; the end state is the same prefix); prefix
+caching keeps a preempted request's freed blocks in one first-in-first-out free queue whose
+front is consumed by every new allocation (vLLM's LRU free-block queue without the holes
+that cache hits leave), and prefixes shared between requests are not modelled; vLLM's
+asynchronous scheduling, `watermark`, speculative lookahead slots and partial-prefill limits
+are not modelled; a step's host overhead is the runtime's fitted `step_overhead` (plus
+`seq_overhead` per decoding sequence), never hidden behind the GPU.
+
 Requests arriving during a step are seen at the next one. Latencies are the engine's: from
 arrival in its queue (vLLM `queued_ts`), without HTTP or tokenization. Every step is one
 iteration of a `jax.lax.while_loop` over fixed-size request arrays (padded; `Requests.valid`),
