@@ -1,8 +1,9 @@
 """Speed of the serving simulator (`perfmodel.simulate`) on the CPU.
 
-Two cases on H100 + Llama-3.1-8B with vLLM's fitted runtime: `--requests` Poisson requests
-(1K input, 128 output tokens at 20 requests/s) through one policy, and `--policies`
-policies (max_num_seqs 8 to 256) x 256 requests in one vmapped call.
+Three cases on H100 + Llama-3.1-8B with vLLM's fitted runtime: `--requests` Poisson
+requests (1K input, 128 output tokens at 20 requests/s) through one policy, looking at all
+requests each step and through a window of 512, and `--policies` policies (max_num_seqs 8
+to 256) x 256 requests in one vmapped call.
 
     python benchmarks/bench_simulate.py [--requests 1000] [--policies 16]
 
@@ -41,16 +42,18 @@ def main():
                        precision=pm.precision(chip, model), runtime=runtime_for("vllm"))
     requests = sim.poisson(jax.random.PRNGKey(0), 20.0, args.requests, 1024, 128)
 
-    def one():
-        return sim.simulate_jit(model, chip, design, sim.Policy(), requests,
-                                max_steps=1_000_000)
+    for window in (None, 512):
+        def one(window=window):
+            return sim.simulate_jit(model, chip, design, sim.Policy(), requests,
+                                    max_steps=1_000_000, window=window)
 
-    result, first = timed(one)
-    result, wall = timed(one)
-    steps = int(result.steps)
-    print(f"{args.requests} requests, one policy: compile+run {first:.2f} s, run {wall:.2f} s, "
-          f"{steps} steps ({1e6 * wall / steps:.0f} us/step), "
-          f"{args.requests / wall:,.0f} requests/s")
+        result, first = timed(one)
+        result, wall = timed(one)
+        steps = int(result.steps)
+        print(f"{args.requests} requests, one policy, window {window}: compile+run "
+              f"{first:.2f} s, run {wall:.2f} s, {steps} steps ({1e6 * wall / steps:.0f} "
+              f"us/step), {args.requests / wall:,.0f} requests/s"
+              + (" (window overflowed)" if bool(result.window_overflow) else ""))
 
     small = sim.poisson(jax.random.PRNGKey(1), 20.0, 256, 1024, 128)
     seqs = jnp.geomspace(8.0, 256.0, args.policies).round()

@@ -272,6 +272,8 @@ class Result(eqx.Module):
     """The chip's idle power (W)."""
     chips: jnp.ndarray
     """Chips of the instance."""
+    window_overflow: jnp.ndarray
+    """True when a `window` may have hidden a request the engine would have admitted."""
 
     @property
     def queue_delay(self):
@@ -322,6 +324,14 @@ class _State(eqx.Module):
     cached_blocks: jnp.ndarray
     evicted: jnp.ndarray
     queue_end: jnp.ndarray
+    lo: jnp.ndarray
+    overflow: jnp.ndarray
+
+
+#: `_State` fields with one entry per request (the window slices them).
+_PER_REQUEST = ("arrival", "computed", "generated", "running", "finished", "admitted_at",
+                "queue_key", "scheduled", "first_token", "finish", "preemptions", "cached_at",
+                "cached_blocks")
 
 
 def _in_order(mask, key):
@@ -368,7 +378,7 @@ def _checked(policy: Policy) -> Policy:
 
 def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests: Requests,
              *, max_steps: int = 100_000, hard: bool = True,
-             vectorize: bool = True) -> Result:
+             vectorize: bool = True, window: int | None = None) -> Result:
     """Simulate one engine instance serving `requests` under `policy`.
 
     Args:
@@ -385,6 +395,11 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
         vectorize: static; evaluate each step's operators as one stack
             (`roofline.step_cost`): the same numbers in fewer, larger operations, faster on
             CPU inside the loop (XLA:CPU pays per operation).
+        window: static; each step looks at this many requests from the first unfinished
+            one (in index order: sort open-loop requests by arrival, as the builders do)
+            instead of all N, which makes a step's time independent of N. Exact while
+            the running requests and the head of the queue lie within it; when they may
+            not, `Result.window_overflow` is True. None: all requests.
 
     Returns:
         `Result` (see `summarize`).
@@ -416,21 +431,35 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
                   counter=jnp.asarray(0.0), scheduled=inf, first_token=inf, finish=inf,
                   preemptions=zeros, busy=jnp.asarray(0.0), energy=jnp.asarray(0.0),
                   area=jnp.asarray(0.0), stuck=jnp.asarray(False), cached_at=zeros,
-                  cached_blocks=zeros, evicted=jnp.asarray(0.0), queue_end=kv_blocks)
+                  cached_blocks=zeros, evicted=jnp.asarray(0.0), queue_end=kv_blocks,
+                  lo=jnp.asarray(0), overflow=jnp.asarray(False))
+    width = n if window is None else min(window, n)
+    index = jnp.arange(n)
 
     def blocks(tokens):
         return jnp.ceil(tokens / bs)
 
-    def body(s: _State) -> _State:
+    def body(g: _State) -> _State:
+        # The step sees `width` requests from the first unfinished one (all by default).
+        offset = jnp.minimum(g.lo, n - width)
+
+        def cut(x):
+            return jax.lax.dynamic_slice_in_dim(x, offset, width)
+
+        s = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], g,
+                        [cut(getattr(g, f)) for f in _PER_REQUEST])
+        s = eqx.tree_at(lambda st: st.queue_key, s, jnp.where(
+            jnp.isinf(s.queue_key) & (s.arrival <= g.t), s.arrival, s.queue_key))
+        inputs_w, outputs_w = cut(inputs), cut(outputs)
         t = s.t
-        target = inputs + s.generated              # tokens whose KV precede the next sample
+        target = inputs_w + s.generated            # tokens whose KV precede the next sample
         waiting = ~s.finished & ~s.running & (s.arrival <= t)
         # Prefix caching: freed blocks form a queue reused from its front (vLLM's free block
         # queue, an LRU); a preempted request's blocks, freed last block first, sit at
         # `cached_at` onwards, and the `evicted` front has eaten those before it. Its
         # surviving full blocks are a cached prefix (at least one token is recomputed).
         hit = jnp.clip(s.cached_at + s.cached_blocks - s.evicted, 0.0, s.cached_blocks) \
-            if policy.prefix_caching else zeros
+            if policy.prefix_caching else jnp.zeros(width)
         start = jnp.where(waiting, jnp.minimum(hit * bs, target - 1.0), s.computed)
         hit = jnp.where(waiting, jnp.floor(start / bs), 0.0)
         demand = jnp.minimum(target - start, cap)
@@ -481,8 +510,8 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
         _, cost = _capped_step(model, chip, design, layout, kw, 24.0, hard, vectorize)
         work = jnp.any(alloc > 0)
         dt = jnp.where(work, cost.time, 0.0)
-        pending = ~s.finished & (s.arrival > t)
-        next_arrival = jnp.min(jnp.where(pending, s.arrival, jnp.inf))
+        pending = ~g.finished & (g.arrival > t)
+        next_arrival = jnp.min(jnp.where(pending, g.arrival, jnp.inf))
         end = jnp.where(work, t + dt, jnp.where(jnp.isinf(next_arrival), t,
                                                 jnp.maximum(next_arrival, t)))
         stuck = ~work & jnp.isinf(next_arrival)
@@ -491,13 +520,15 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
         running = keep | admitted
         sampled = running & (alloc > 0) & (computed >= target)
         generated = s.generated + sampled
-        done = running & (generated >= outputs)
-        present = ~s.finished & (s.arrival < end)
-        area = s.area + jnp.sum(jnp.where(present, end - jnp.maximum(s.arrival, t), 0.0))
-        arrival = s.arrival
-        if follower is not None:
-            arrival = arrival.at[follower].min(
-                jnp.where(done, end + requests.think_time, jnp.inf), mode="drop")
+        done = running & (generated >= outputs_w)
+        present = ~g.finished & (g.arrival < end)
+        area = g.area + jnp.sum(jnp.where(present, end - jnp.maximum(g.arrival, t), 0.0))
+        # A window too narrow: requests past it wait while it admitted all it saw and had
+        # budget and seats to spare (the full simulation would have looked further).
+        beyond = (index >= offset + width) & ~g.finished & (g.arrival <= t)
+        overflow = g.overflow | (jnp.any(beyond) & ~jnp.any(waiting & ~admitted)
+                                 & (left - jnp.sum(walloc) > 0) & ~jnp.any(preempted)
+                                 & (jnp.sum(keep | admitted) < policy.max_num_seqs))
         num_admitted = jnp.sum(admitted)
         # The free queue: blocks taken from its front (growth and new requests, cache hits
         # excepted), blocks freed onto its back (preempted now, finished at the step's end).
@@ -514,19 +545,28 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
         # within one step, the oldest admission first (vLLM: popped from the tail of the
         # running list and pushed to the front of the waiting queue one by one).
         front = -(s.step + 1.0) * (n + 1.0) + back.astype(float)
-        return _State(
-            t=end, step=s.step + 1, arrival=arrival, computed=computed,
+        new = _State(
+            t=end, step=s.step + 1, arrival=s.arrival, computed=computed,
             generated=generated, running=running & ~done, finished=s.finished | done,
             admitted_at=jnp.where(admitted, s.counter + rank[wback], s.admitted_at),
-            queue_key=jnp.where(preempted, front,
-                                jnp.where(jnp.isinf(s.queue_key), arrival, s.queue_key)),
+            queue_key=jnp.where(preempted, front, s.queue_key),
             counter=s.counter + num_admitted,
             scheduled=jnp.where(admitted & jnp.isinf(s.scheduled), t, s.scheduled),
             first_token=jnp.where(sampled & jnp.isinf(s.first_token), end, s.first_token),
             finish=jnp.where(done, end, s.finish), preemptions=s.preemptions + preempted,
             busy=s.busy + dt, energy=s.energy + jnp.where(work, cost.dynamic_energy, 0.0),
             area=area, stuck=stuck, cached_at=cached_at, cached_blocks=cached_blocks,
-            evicted=s.evicted + taken, queue_end=queue_end)
+            evicted=s.evicted + taken, queue_end=queue_end, lo=g.lo, overflow=overflow)
+        new = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], new,
+                          [jax.lax.dynamic_update_slice_in_dim(getattr(g, f), getattr(new, f),
+                                                               offset, 0)
+                           for f in _PER_REQUEST])
+        if follower is not None:
+            ended = jnp.zeros(n, bool).at[offset + jnp.arange(width)].set(done)
+            new = eqx.tree_at(lambda st: st.arrival, new, new.arrival.at[follower].min(
+                jnp.where(ended, end + requests.think_time, jnp.inf), mode="drop"))
+        # The first unfinished request (finished ones never return).
+        return eqx.tree_at(lambda st: st.lo, new, jnp.argmin(new.finished))
 
     def cond(s: _State):
         return (s.step < max_steps) & ~jnp.all(s.finished) & ~s.stuck
@@ -537,7 +577,7 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
                   finished=valid & jnp.isfinite(s.finish), preemptions=s.preemptions,
                   end_time=s.t, busy_time=s.busy, dynamic_energy=s.energy,
                   in_system_area=s.area, steps=s.step, idle_power=chip.idle_power,
-                  chips=jnp.asarray(design.chips, dtype=float))
+                  chips=jnp.asarray(design.chips, dtype=float), window_overflow=s.overflow)
 
 
 simulate_jit = eqx.filter_jit(simulate)

@@ -346,3 +346,17 @@ def test_command_line(capsys, tmp_path):
                        (["--rate", "1", "--chip", "nonesuch"], "unknown chip")):
         assert main(["simulate", *bad]) == 2
         assert match in capsys.readouterr().err
+
+
+def test_window_matches_the_full_simulation(poisson_run):
+    requests, policy, result = poisson_run
+    # 16 seats: a window of 40 requests holds the running ones and the queue's head.
+    windowed = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=5000, window=40)
+    assert not bool(windowed.window_overflow) and not bool(result.window_overflow)
+    for a, b in zip(jax.tree_util.tree_leaves(result), jax.tree_util.tree_leaves(windowed),
+                    strict=True):
+        np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float),
+                                   rtol=1e-12)
+    # Narrower than the seats: the window hides requests the engine would admit, and says so.
+    narrow = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=5000, window=4)
+    assert bool(narrow.window_overflow)
