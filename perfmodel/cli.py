@@ -21,7 +21,7 @@ import sys
 #: Subcommands, in help order, and the module of `perfmodel.commands` that provides each
 #: (`list` would shadow the builtin inside the package).
 _COMMANDS = {"pareto": "pareto", "compare": "compare", "predict": "predict",
-             "optimize": "optimize", "list": "catalog"}
+             "optimize": "optimize", "simulate": "simulate", "list": "catalog"}
 
 
 class _UsageError(Exception):

@@ -1,0 +1,191 @@
+"""`perfmodel simulate`: serve requests under arrivals, step by step (`perfmodel.simulate`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from . import add_format_arg, positive_int, provenance, render, token_count
+
+#: Most requests one command simulates (the loop's arrays have that size).
+MAX_REQUESTS = 100_000
+#: Default and largest engine steps simulated.
+DEFAULT_STEPS, MAX_STEPS = 200_000, 10_000_000
+
+COLUMNS = (("metric", "metric", "s"), ("mean", "mean", "sig"), ("p50", "p50", "sig"),
+           ("p90", "p90", "sig"), ("p95", "p95", "sig"), ("p99", "p99", "sig"))
+LATENCIES = (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"),
+             ("queue_s", "queue_delay"))
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive finite number")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"{value} is not in [0, 2**31)")
+    return value
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "simulate", help="serve requests under arrivals, engine step by engine step",
+        description="Simulate one engine instance (vLLM v1 scheduling: token budget, "
+                    "running requests first, FCFS admission while KV blocks fit, preemption "
+                    "by recompute) serving Poisson, gamma or traced arrivals; each step costed "
+                    "by the core step-time model. Prints TTFT, TPOT, E2E and queueing delay "
+                    "(mean and percentiles, seconds, from arrival in the engine's queue).")
+    parser.add_argument("--model", default="llama-3.1-8b",
+                        help="model preset or Hugging Face id (default llama-3.1-8b)")
+    parser.add_argument("--chip", default=None,
+                        help="chip preset (default h100, or the device --engine-config names)")
+    parser.add_argument("--tp", type=lambda t: positive_int(t, 1024), default=1,
+                        help="tensor-parallel chips of the instance (default 1)")
+    parser.add_argument("--engine", choices=("vllm",), default="vllm",
+                        help="scheduler and fitted runtime terms (default vllm)")
+    parser.add_argument("--engine-config", metavar="META.json", default=None,
+                        help="a vLLM run's meta.json: model, layout, engine limits and KV "
+                             "blocks from it (the options below override its limits)")
+    parser.add_argument("--max-num-seqs", type=lambda t: positive_int(t, 1_000_000),
+                        default=None, help="running requests at most (default 256)")
+    parser.add_argument("--max-batched-tokens", type=lambda t: positive_int(t, 100_000_000),
+                        default=None, help="token budget per step (default 2048)")
+    parser.add_argument("--long-prefill-threshold", type=lambda t: positive_int(t, 100_000_000),
+                        default=None, help="prompt tokens per request per step at most "
+                                           "(default: no cap)")
+    parser.add_argument("--kv-blocks", type=lambda t: positive_int(t, 1_000_000_000),
+                        default=None, help="KV blocks of 16 tokens (default: what fits in "
+                                           "memory)")
+    parser.add_argument("--trace", metavar="FILE", default=None,
+                        help="arrivals and lengths from a trace (vLLM or Mooncake JSONL, "
+                             "Azure CSV) instead of --rate")
+    parser.add_argument("--rate", type=_positive, default=None,
+                        help="arrivals per second (with --isl, --osl, --requests)")
+    parser.add_argument("--isl", type=token_count, default=1024,
+                        help="input tokens per request (default 1024)")
+    parser.add_argument("--osl", type=token_count, default=256,
+                        help="output tokens per request (default 256)")
+    parser.add_argument("--requests", type=lambda t: positive_int(t, MAX_REQUESTS),
+                        default=None, help="requests simulated (default 256; with --trace, "
+                                           "its first ones, default all)")
+    parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson",
+                        help="arrival process of --rate (default poisson)")
+    parser.add_argument("--cv", type=_positive, default=1.0,
+                        help="gamma arrivals: coefficient of variation of the gaps "
+                             "(default 1)")
+    parser.add_argument("--seed", type=_seed, default=0,
+                        help="random seed of the arrivals, >= 0 (default 0)")
+    parser.add_argument("--max-ttft-ms", type=_positive, default=math.inf,
+                        help="TTFT SLO of goodput, ms (default: none)")
+    parser.add_argument("--max-tpot-ms", type=_positive, default=math.inf,
+                        help="TPOT SLO of goodput, ms (default: none)")
+    parser.add_argument("--max-steps", type=lambda t: positive_int(t, MAX_STEPS),
+                        default=DEFAULT_STEPS,
+                        help=f"engine steps at most (default {DEFAULT_STEPS:,}); requests "
+                             "not done by then are reported unfinished")
+    add_format_arg(parser, ("table", "json"))
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _specs(args):
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    from ..design import Design, Layout, precision
+    from ..fitted import runtime_for
+    from ..presets import find_model, get_chip
+    from ..simulate import Policy
+    from ..traces import vllm_engine
+
+    if args.engine_config is not None:
+        model, chip, design, policy = vllm_engine(args.engine_config, args.chip)
+    else:
+        model, chip = find_model(args.model), get_chip(args.chip or "h100")
+        design = Design(concurrency=1.0, layout=Layout(tp=args.tp),
+                        precision=precision(chip, model, "bf16"),
+                        runtime=runtime_for(args.engine, chip.family))
+        policy = Policy()
+    for option, field in (("max_num_seqs", "max_num_seqs"),
+                          ("max_batched_tokens", "max_num_batched_tokens"),
+                          ("long_prefill_threshold", "long_prefill_token_threshold"),
+                          ("kv_blocks", "kv_blocks")):
+        value = getattr(args, option)
+        if value is not None:
+            policy = eqx.tree_at(lambda p, f=field: getattr(p, f), policy,
+                                 jnp.asarray(float(value)))
+    return model, chip, design, policy
+
+
+def _requests(args):
+    import jax
+
+    from .. import simulate as sim
+    from ..traces import load_trace
+
+    if args.trace is not None:
+        if args.rate is not None:
+            raise ValueError("give --trace or --rate, not both")
+        return load_trace(args.trace, limit=args.requests)
+    if args.rate is None:
+        raise ValueError("give --rate (arrivals per second) or --trace FILE")
+    if args.osl < 1:
+        raise ValueError(f"--osl must be a positive number of tokens, got {args.osl}")
+    if args.isl < 1:
+        raise ValueError(f"--isl must be a positive number of tokens, got {args.isl}")
+    key = jax.random.PRNGKey(args.seed)
+    cv = args.cv if args.arrivals == "gamma" else 1.0
+    return sim.gamma(key, args.rate, cv, args.requests or 256, args.isl, args.osl)
+
+
+def run(args) -> int:
+    from .. import simulate as sim
+
+    model, chip, design, policy = _specs(args)
+    requests = _requests(args)
+    start = time.perf_counter()
+    result = sim.simulate_jit(model, chip, design, policy, requests, max_steps=args.max_steps)
+    summary = sim.summarize(result, args.max_ttft_ms / 1e3, args.max_tpot_ms / 1e3)
+    wall = time.perf_counter() - start
+    stats = {key: getattr(summary, name) for key, name in LATENCIES}
+    out = {q: {key: float(getattr(s, q)) for key, s in stats.items()}
+           for q in ("mean", "p50", "p90", "p95", "p99")}
+    out.update(requests=int(summary.requests), unfinished=int(summary.unfinished),
+               preemptions=int(summary.preemptions),
+               throughput_rps=float(summary.throughput),
+               goodput_per_chip=float(summary.goodput_per_chip),
+               utilization=float(summary.utilization), power_w=float(summary.power),
+               steps=int(result.steps), wall_s=wall)
+    inputs = provenance(command="simulate", model=model.name, chip=chip.name,
+                        chips=int(design.chips), engine=str(design.runtime.framework),
+                        max_num_seqs=float(policy.max_num_seqs),
+                        max_num_batched_tokens=float(policy.max_num_batched_tokens),
+                        arrivals=args.trace or f"{args.arrivals} {args.rate}/s")
+    if int(summary.finished) == 0:
+        raise ValueError(f"no request finished in {args.max_steps:,} steps; raise --max-steps")
+    if args.format == "json":
+        import json
+
+        print(json.dumps({"inputs": inputs, **out}, indent=1, allow_nan=False))
+        return 0
+    rows = [{"metric": key, **{q: out[q][key] for q in ("mean", "p50", "p90", "p95", "p99")}}
+            for key, _ in LATENCIES]
+    print(f"# {model.name} on {int(design.chips)} x {chip.name}, {inputs['engine']}, "
+          f"{out['requests']} requests ({inputs['arrivals']}): {out['unfinished']} "
+          f"unfinished, {out['preemptions']} preemptions, utilization "
+          f"{out['utilization']:.2f}, {out['power_w']:.0f} W/chip, goodput/chip "
+          f"{out['goodput_per_chip']:.3g} req/s, {out['steps']} steps in {wall:.1f} s")
+    print(render(rows, "table", COLUMNS))
+    return 0

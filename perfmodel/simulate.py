@@ -1,0 +1,657 @@
+"""Serving under arrivals: an iteration-level simulator of continuous batching.
+
+The engine runs one step after another. Each step it schedules as vLLM v1's scheduler does
+(`vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`), then costs the step with the
+core step-time model (`roofline.step_cost` under the power cap, as `serving` does) for
+the mix it actually carries:
+
+1. Running requests, oldest admission first, take tokens from the step's budget
+   (`max_num_batched_tokens`): a decode one token, a prefill what is left of its prompt,
+   capped per request by `long_prefill_token_threshold`, until the budget is spent.
+2. Their KV cache grows to the blocks (`block_size` tokens each) those tokens need. When
+   the engine's `kv_blocks` run out, the newest running requests are preempted by
+   recompute (their KV freed, their progress dropped; they return to the front of the
+   queue) and nothing new is admitted that step. The survivors are the longest prefix,
+   in admission order, whose blocks fit: the end state of vLLM's preempt-from-the-tail loop.
+3. Otherwise waiting requests are admitted first come first served (preempted ones first)
+   while the budget lasts, up to `max_num_seqs` running, stopping at the first whose
+   blocks (its whole prompt's with `reserve_full_prompt`, vLLM's
+   `scheduler_reserve_full_isl`) do not fit. The last one admitted may take a partial chunk.
+4. The step costs `step_cost(decode sequences, their mean context, prefill tokens, the mean
+   context those tokens attend to, prefill sequences)`, which includes the runtime's
+   host `step_overhead` and per-sequence overhead; a request whose prompt (or recomputed
+   prompt and output) completes emits a token at the end of the step, a decode one token.
+   With nothing to run, the clock jumps to the next arrival.
+
+Approximations: the survivors of a KV shortage are found in one pass (vLLM preempts the
+tail one by one while it walks the running list; the end state is the same prefix); prefix
+caching keeps a preempted request's freed blocks in one first-in-first-out free queue whose
+front is consumed by every new allocation (vLLM's LRU free-block queue without the holes
+that cache hits leave), and prefixes shared between requests are not modelled; vLLM's
+asynchronous scheduling, `watermark`, speculative lookahead slots and partial-prefill limits
+are not modelled; a step's host overhead is the runtime's fitted `step_overhead` (plus
+`seq_overhead` per decoding sequence), never hidden behind the GPU.
+
+Requests arriving during a step are seen at the next one. Latencies are the engine's: from
+arrival in its queue (vLLM `queued_ts`), without HTTP or tokenization. Every step is one
+iteration of a `jax.lax.while_loop` over fixed-size request arrays (padded; `Requests.valid`),
+so a simulation is one compiled call, `vmap`-able over policies and loads; it stops when
+every request finished, when what waits can never be admitted, or after `max_steps`.
+
+Example:
+    >>> import jax, perfmodel as pm
+    >>> from perfmodel import simulate as sim
+    >>> chip, model = pm.get_chip("h100"), pm.get_model("llama-3.1-8b")
+    >>> design = pm.Design(concurrency=1, layout=pm.Layout(tp=1),
+    ...                    precision=pm.precision(chip, model))
+    >>> requests = sim.poisson(jax.random.PRNGKey(0), rate=2.0, num=32, input_len=512,
+    ...                        output_len=64)
+    >>> result = sim.simulate(model, chip, design, sim.Policy(), requests, max_steps=4000)
+    >>> s = sim.summarize(result)
+    >>> int(s.unfinished), 0.005 < float(s.ttft.p50) < 0.2
+    (0, True)
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .architecture import Model
+from .checks import NON_NEGATIVE, Range, as_number, check
+from .design import Design, Disaggregated, Layout
+from .hardware import Chip
+from .kvcache import max_batch
+from .serving import _capped_step
+
+# ---------------------------------------------------------------------------------------
+# Specs.
+
+
+class Policy(eqx.Module):
+    """The scheduler's settings (vLLM v1 names); every number an array leaf, so a stack of
+    policies is one `vmap`.
+
+    Example:
+        >>> Policy(max_num_seqs=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: Policy.max_num_seqs must be an integer >= 1, got 0
+    """
+
+    max_num_seqs: jnp.ndarray = eqx.field(converter=as_number, default=256.0)
+    """Most requests running at once (requests)."""
+    max_num_batched_tokens: jnp.ndarray = eqx.field(converter=as_number, default=2048.0)
+    """Token budget of one step, decodes and prefill chunks together (tokens)."""
+    long_prefill_token_threshold: jnp.ndarray = eqx.field(converter=as_number,
+                                                          default=jnp.inf)
+    """Most prompt tokens one request takes in one step; inf for no cap (vLLM's 0)
+    (tokens)."""
+    kv_blocks: jnp.ndarray = eqx.field(converter=as_number, default=jnp.inf)
+    """KV-cache blocks of the engine (vLLM `num_gpu_blocks`, one of which is vLLM's null
+    block, never used); inf: what fits in memory next to the weights (`engine_kv_blocks`)
+    (blocks)."""
+    block_size: jnp.ndarray = eqx.field(converter=as_number, default=16.0)
+    """Tokens per KV block (tokens)."""
+    reserve_full_prompt: bool = eqx.field(static=True, default=True)
+    """Admit a request only when the blocks of its whole prompt are free (vLLM
+    `scheduler_reserve_full_isl`); else only those of its first chunk."""
+    prefix_caching: bool = eqx.field(static=True, default=True)
+    """Freed KV blocks stay cached until reused (vLLM `enable_prefix_caching`, its v1
+    default): a preempted request readmitted recomputes only what was evicted meanwhile.
+    Prefixes shared between requests are not modelled."""
+
+    def __check_init__(self):
+        count = Range(low=1.0, integer=True)
+        check(self, {"max_num_seqs": count, "max_num_batched_tokens": count,
+                     "long_prefill_token_threshold": Range(low=1.0, infinite=True),
+                     "kv_blocks": Range(low=2.0, infinite=True), "block_size": count})
+
+
+class Requests(eqx.Module):
+    """Requests offered to the engine, as fixed-size arrays (shape (N,)).
+
+    Open loop: `arrival` gives each request's time. Closed loop (`clients` > 0): request
+    `i + clients` is sent `think_time` after request `i` finishes (its `arrival` is inf
+    until then), so `clients` requests are in flight, as a benchmark's concurrent clients.
+
+    Example:
+        >>> Requests(arrival=[0.0, 1.0], input_len=[10, 0], output_len=[5, 5])
+        Traceback (most recent call last):
+        ...
+        ValueError: Requests.input_len must be an integer >= 1, got 0
+    """
+
+    arrival: jnp.ndarray = eqx.field(converter=as_number)
+    """Arrival time in the engine's queue (s); inf: not yet sent (closed loop)."""
+    input_len: jnp.ndarray = eqx.field(converter=as_number)
+    """Prompt tokens (tokens)."""
+    output_len: jnp.ndarray = eqx.field(converter=as_number)
+    """Output tokens, the first included (tokens)."""
+    valid: jnp.ndarray = eqx.field(converter=lambda x: jnp.asarray(x, dtype=bool),
+                                   default=None)
+    """False for padding (default: all valid)."""
+    think_time: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Closed loop: time between a request's end and its client's next request (s)."""
+    clients: int = eqx.field(static=True, default=0)
+    """Closed-loop clients; 0 for an open loop."""
+
+    def __post_init__(self):
+        # Runs before the converters: `arrival` may still be a list.
+        if self.valid is None:
+            self.valid = np.ones(np.shape(self.arrival), dtype=bool)
+
+    def __check_init__(self):
+        if isinstance(self.arrival, jax.Array) and not isinstance(self.arrival,
+                                                                  jax.core.Tracer):
+            shapes = {k: jnp.shape(getattr(self, k)) for k in
+                      ("arrival", "input_len", "output_len", "valid")}
+            if len(set(shapes.values())) > 1 or len(shapes["arrival"]) != 1:
+                raise ValueError(f"Requests fields must be 1-D arrays of one length, got "
+                                 f"shapes {shapes}")
+        check(self, {"arrival": Range(low=0.0, infinite=True),
+                     "input_len": Range(low=1.0, integer=True),
+                     "output_len": Range(low=1.0, integer=True),
+                     "think_time": NON_NEGATIVE})
+        if self.clients < 0:
+            raise ValueError(f"Requests.clients must be >= 0, got {self.clients}")
+
+    @property
+    def size(self) -> int:
+        return int(jnp.shape(self.arrival)[0])
+
+
+def _lengths(value, num):
+    return jnp.broadcast_to(jnp.asarray(value, dtype=float), (num,))
+
+
+def poisson(key, rate, num: int, input_len, output_len) -> Requests:
+    """`num` requests arriving as a Poisson process of `rate` (requests/s), the first at 0.
+
+    Args:
+        key: a `jax.random` key.
+        rate: arrivals per second (1/s).
+        num: number of requests (static).
+        input_len, output_len: tokens, scalars or arrays of shape (num,).
+    """
+    return gamma(key, rate, 1.0, num, input_len, output_len)
+
+
+def gamma(key, rate, cv, num: int, input_len, output_len) -> Requests:
+    """`num` requests with gamma inter-arrival times of mean 1 / `rate` (s) and coefficient
+    of variation `cv` (1: Poisson; above 1: bursty), the first at 0.
+
+    Raises:
+        ValueError: a non-positive `rate` or `cv`.
+    """
+    for name, value in (("rate", rate), ("cv", cv)):
+        if not isinstance(value, jax.core.Tracer) and not float(value) > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    shape = 1.0 / jnp.square(jnp.asarray(cv, dtype=float))
+    gaps = jax.random.gamma(key, shape, (num - 1,)) / (shape * rate)
+    arrival = jnp.concatenate([jnp.zeros(1), jnp.cumsum(gaps)])
+    return Requests(arrival=arrival, input_len=_lengths(input_len, num),
+                    output_len=_lengths(output_len, num))
+
+
+def closed_loop(clients: int, num: int, input_len, output_len, think_time=0.0) -> Requests:
+    """`num` requests from `clients` clients that each send the next when the last ends
+    (after `think_time` s); the first `clients` at time 0."""
+    if not 1 <= clients <= num:
+        raise ValueError(f"clients must lie in [1, num={num}], got {clients}")
+    arrival = jnp.where(jnp.arange(num) < clients, 0.0, jnp.inf)
+    return Requests(arrival=arrival, input_len=_lengths(input_len, num),
+                    output_len=_lengths(output_len, num), think_time=think_time,
+                    clients=clients)
+
+
+def trace(arrival, input_len, output_len, size: int | None = None) -> Requests:
+    """Requests from a trace: times (any origin, s; shifted to start at 0), lengths; padded
+    to `size` requests when given (padding is not simulated)."""
+    arrival = jnp.asarray(arrival, dtype=float)
+    num = arrival.shape[0]
+    size = num if size is None else size
+    if size < num:
+        raise ValueError(f"size {size} is smaller than the trace's {num} requests")
+    pad = size - num
+    arrival = arrival - jnp.min(arrival)
+
+    def padded(x, fill):
+        return jnp.concatenate([jnp.asarray(x, dtype=float), jnp.full(pad, fill)])
+
+    return Requests(arrival=padded(arrival, 0.0), input_len=padded(input_len, 1.0),
+                    output_len=padded(output_len, 1.0),
+                    valid=jnp.arange(size) < num)
+
+
+def engine_kv_blocks(model: Model, chip: Chip, design: Design, block_size=16.0):
+    """KV blocks that fit per instance next to the weights and the activation reserve in
+    `memory_fraction` of memory (`kvcache.max_batch` at one block's context) (blocks)."""
+    rt = design.runtime
+    return jnp.floor(max_batch(model, design.layout, design.precision, chip.hbm_capacity,
+                               jnp.asarray(block_size, dtype=float), rt.memory_fraction,
+                               rt.activation_reserve, design.mapping, chip.num_slices))
+
+
+# ---------------------------------------------------------------------------------------
+# Simulation.
+
+
+class Result(eqx.Module):
+    """Per-request outcomes (shape (..., N)) and engine totals of one simulation."""
+
+    arrival: jnp.ndarray
+    """Arrival time (s; inf if never sent)."""
+    scheduled: jnp.ndarray
+    """First time scheduled (s; inf if never)."""
+    first_token: jnp.ndarray
+    """Time of the first output token (s; inf if none)."""
+    finish: jnp.ndarray
+    """Time of the last output token (s; inf if unfinished)."""
+    input_len: jnp.ndarray
+    output_len: jnp.ndarray
+    valid: jnp.ndarray
+    finished: jnp.ndarray
+    """True when every output token was emitted."""
+    preemptions: jnp.ndarray
+    """Times each request was preempted."""
+    end_time: jnp.ndarray
+    """Clock when the simulation stopped (s)."""
+    busy_time: jnp.ndarray
+    """Time spent in engine steps (s)."""
+    dynamic_energy: jnp.ndarray
+    """Energy above idle per chip over all steps (J)."""
+    in_system_area: jnp.ndarray
+    """Integral over time of requests arrived and unfinished (request s), from the steps'
+    own clock: Little's law checks it against the per-request records."""
+    steps: jnp.ndarray
+    """Engine steps run."""
+    idle_power: jnp.ndarray
+    """The chip's idle power (W)."""
+    chips: jnp.ndarray
+    """Chips of the instance."""
+    window_overflow: jnp.ndarray
+    """True when a `window` may have hidden a request the engine would have admitted."""
+
+    @property
+    def queue_delay(self):
+        """Arrival to first scheduled (s)."""
+        return self.scheduled - self.arrival
+
+    @property
+    def ttft(self):
+        """Arrival to first token (s)."""
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self):
+        """Mean time per output token after the first (s; NaN for one-token outputs)."""
+        return jnp.where(self.output_len > 1, (self.finish - self.first_token)
+                         / jnp.maximum(self.output_len - 1.0, 1.0), jnp.nan)
+
+    @property
+    def e2e(self):
+        """Arrival to last token (s)."""
+        return self.finish - self.arrival
+
+    @property
+    def arrived(self):
+        return self.valid & (self.arrival <= self.end_time)
+
+
+class _State(eqx.Module):
+    t: jnp.ndarray
+    step: jnp.ndarray
+    arrival: jnp.ndarray
+    computed: jnp.ndarray
+    generated: jnp.ndarray
+    running: jnp.ndarray
+    finished: jnp.ndarray
+    admitted_at: jnp.ndarray
+    queue_key: jnp.ndarray
+    counter: jnp.ndarray
+    scheduled: jnp.ndarray
+    first_token: jnp.ndarray
+    finish: jnp.ndarray
+    preemptions: jnp.ndarray
+    busy: jnp.ndarray
+    energy: jnp.ndarray
+    area: jnp.ndarray
+    stuck: jnp.ndarray
+    cached_at: jnp.ndarray
+    cached_blocks: jnp.ndarray
+    evicted: jnp.ndarray
+    queue_end: jnp.ndarray
+    lo: jnp.ndarray
+    overflow: jnp.ndarray
+
+
+#: `_State` fields with one entry per request (the window slices them).
+_PER_REQUEST = ("arrival", "computed", "generated", "running", "finished", "admitted_at",
+                "queue_key", "scheduled", "first_token", "finish", "preemptions", "cached_at",
+                "cached_blocks")
+
+
+def _in_order(mask, key):
+    """Permutation putting `mask` entries first, by ascending `key` (finite where `mask`),
+    and its inverse."""
+    order = jnp.argsort(jnp.where(mask, key, jnp.inf), stable=True)
+    back = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
+    return order, back
+
+
+def _validate(model, chip, design, policy, requests):
+    for name, value, kind in (("model", model, Model), ("chip", chip, Chip),
+                              ("design", design, Design), ("policy", policy, Policy),
+                              ("requests", requests, Requests)):
+        if not isinstance(value, kind):
+            raise ValueError(f"{name} must be a perfmodel {kind.__name__}, got "
+                             f"{type(value).__name__}")
+    if isinstance(design.layout, Disaggregated):
+        raise ValueError("design.layout: the simulator runs one aggregated instance; "
+                         "a Disaggregated layout is not simulated yet")
+    if isinstance(design.layout, Layout) and design.layout.replicas != 1:
+        raise ValueError(f"design.layout.replicas must be 1 (one engine instance), got "
+                         f"{design.layout.replicas}")
+
+
+#: Run-time checks of traced policy values (a vmapped stack is checked here, not when built).
+_POLICY_CHECKS = (
+    ("max_num_seqs", lambda x: x >= 1, "policy.max_num_seqs must be >= 1"),
+    ("max_num_batched_tokens", lambda x: x >= 1, "policy.max_num_batched_tokens must be >= 1"),
+    ("long_prefill_token_threshold", lambda x: x >= 1,
+     "policy.long_prefill_token_threshold must be >= 1 (inf for no cap)"),
+    ("kv_blocks", lambda x: x >= 2, "policy.kv_blocks must be >= 2 (inf: from memory)"),
+    ("block_size", lambda x: x >= 1, "policy.block_size must be >= 1"),
+)
+
+
+def _checked(policy: Policy) -> Policy:
+    for name, test, message in _POLICY_CHECKS:
+        value = getattr(policy, name)
+        value = eqx.error_if(value, ~test(value) | jnp.isnan(value), message)
+        policy = eqx.tree_at(lambda p, n=name: getattr(p, n), policy, value)
+    return policy
+
+
+def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests: Requests,
+             *, max_steps: int = 100_000, hard: bool = True,
+             vectorize: bool = True, window: int | None = None) -> Result:
+    """Simulate one engine instance serving `requests` under `policy`.
+
+    Args:
+        model: architecture (static).
+        chip: accelerator spec.
+        design: layout (aggregated, one replica), precisions, runtime (its
+            `step_overhead` and `seq_overhead` are paid every step); `design.concurrency`
+            is not read (the load is `requests`).
+        policy: scheduler settings.
+        requests: arrivals and lengths (N requests; the loop's arrays have that size).
+        max_steps: static; the most engine steps simulated (unfinished requests are
+            reported as such).
+        hard: static; exact max in the step-time roofline (default), else the smooth one.
+        vectorize: static; evaluate each step's operators as one stack
+            (`roofline.step_cost`): the same numbers in fewer, larger operations, faster on
+            CPU inside the loop (XLA:CPU pays per operation).
+        window: static; each step looks at this many requests from the first unfinished
+            one (in index order: sort open-loop requests by arrival, as the builders do)
+            instead of all N, which makes a step's time independent of N. Exact while
+            the running requests and the head of the queue lie within it; when they may
+            not, `Result.window_overflow` is True. None: all requests.
+
+    Returns:
+        `Result` (see `summarize`).
+
+    Raises:
+        ValueError: a spec of the wrong kind, a disaggregated or replicated layout.
+        equinox.EquinoxRuntimeError: a traced policy value out of range (`Policy`'s rules).
+
+    Queue order uses float keys of size steps x requests: run with `jax_enable_x64` (as the
+    package's tests and command line do) for long simulations.
+    """
+    _validate(model, chip, design, policy, requests)
+    policy = _checked(policy)
+    n = requests.size
+    bs = policy.block_size
+    # vLLM's block pool keeps one null block out of use (`BlockPool.null_block`).
+    kv_blocks = jnp.where(jnp.isinf(policy.kv_blocks),
+                          engine_kv_blocks(model, chip, design, bs), policy.kv_blocks) - 1.0
+    budget = policy.max_num_batched_tokens
+    cap = policy.long_prefill_token_threshold
+    inputs, outputs, valid = requests.input_len, requests.output_len, requests.valid
+    follower = jnp.arange(n) + requests.clients if requests.clients else None
+    layout = design.layout
+    zeros = jnp.zeros(n)
+    inf = jnp.full(n, jnp.inf)
+    init = _State(t=jnp.asarray(0.0), step=jnp.asarray(0), arrival=requests.arrival,
+                  computed=zeros, generated=zeros, running=jnp.zeros(n, bool),
+                  finished=~valid, admitted_at=inf, queue_key=requests.arrival,
+                  counter=jnp.asarray(0.0), scheduled=inf, first_token=inf, finish=inf,
+                  preemptions=zeros, busy=jnp.asarray(0.0), energy=jnp.asarray(0.0),
+                  area=jnp.asarray(0.0), stuck=jnp.asarray(False), cached_at=zeros,
+                  cached_blocks=zeros, evicted=jnp.asarray(0.0), queue_end=kv_blocks,
+                  lo=jnp.asarray(0), overflow=jnp.asarray(False))
+    width = n if window is None else min(window, n)
+    index = jnp.arange(n)
+
+    def blocks(tokens):
+        return jnp.ceil(tokens / bs)
+
+    def body(g: _State) -> _State:
+        # The step sees `width` requests from the first unfinished one (all by default).
+        offset = jnp.minimum(g.lo, n - width)
+
+        def cut(x):
+            return jax.lax.dynamic_slice_in_dim(x, offset, width)
+
+        s = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], g,
+                        [cut(getattr(g, f)) for f in _PER_REQUEST])
+        s = eqx.tree_at(lambda st: st.queue_key, s, jnp.where(
+            jnp.isinf(s.queue_key) & (s.arrival <= g.t), s.arrival, s.queue_key))
+        inputs_w, outputs_w = cut(inputs), cut(outputs)
+        t = s.t
+        target = inputs_w + s.generated            # tokens whose KV precede the next sample
+        waiting = ~s.finished & ~s.running & (s.arrival <= t)
+        # Prefix caching: freed blocks form a queue reused from its front (vLLM's free block
+        # queue, an LRU); a preempted request's blocks, freed last block first, sit at
+        # `cached_at` onwards, and the `evicted` front has eaten those before it. Its
+        # surviving full blocks are a cached prefix (at least one token is recomputed).
+        hit = jnp.clip(s.cached_at + s.cached_blocks - s.evicted, 0.0, s.cached_blocks) \
+            if policy.prefix_caching else jnp.zeros(width)
+        start = jnp.where(waiting, jnp.minimum(hit * bs, target - 1.0), s.computed)
+        hit = jnp.where(waiting, jnp.floor(start / bs), 0.0)
+        demand = jnp.minimum(target - start, cap)
+        # 1. Running requests, oldest admission first, share the token budget.
+        order, back = _in_order(s.running, s.admitted_at)
+        run_sorted = s.running[order]
+        want = jnp.where(run_sorted, demand[order], 0.0)
+        before = jnp.cumsum(want) - want
+        alloc_sorted = jnp.clip(budget - before, 0.0, want)
+        # 2. KV: the longest prefix whose blocks fit survives; the rest is preempted.
+        need = jnp.where(run_sorted, blocks(s.computed[order] + alloc_sorted), 0.0)
+        keep_sorted = run_sorted & (jnp.cumsum(need) <= kv_blocks)
+        keep = keep_sorted[back]
+        preempted = s.running & ~keep
+        alloc = jnp.where(keep_sorted, alloc_sorted, 0.0)[back]
+        used = jnp.sum(jnp.where(keep, blocks(s.computed + alloc), 0.0))
+        # 3. Waiting requests, first come first served, while budget, seats and KV last.
+        worder, wback = _in_order(waiting, s.queue_key)
+        wait_sorted = waiting[worder]
+        left = budget - jnp.sum(alloc)
+        wwant = jnp.where(wait_sorted, demand[worder], 0.0)
+        wbefore = jnp.cumsum(wwant) - wwant
+        walloc = jnp.clip(left - wbefore, 0.0, wwant)
+        reserve = blocks(target[worder]) if policy.reserve_full_prompt else \
+            blocks(start[worder] + walloc)
+        rank = jnp.cumsum(wait_sorted) - 1.0
+        fits = (wait_sorted & (rank < policy.max_num_seqs - jnp.sum(keep))
+                & (wbefore < left)
+                & (jnp.cumsum(jnp.where(wait_sorted, reserve, 0.0)) <= kv_blocks - used)
+                & ~jnp.any(preempted))
+        admit_sorted = jnp.cumprod(fits) > 0
+        admitted = admit_sorted[wback]
+        alloc = alloc + jnp.where(admit_sorted, walloc, 0.0)[wback]
+        # 4. Cost the step's mix with the core model.
+        computed = jnp.where(preempted, 0.0, jnp.where(admitted, start, s.computed))
+        decode = (alloc > 0) & (target - computed == 1.0) & (s.generated > 0)
+        prefill = (alloc > 0) & ~decode
+        num_decode = jnp.sum(decode)
+        prefill_tokens = jnp.sum(jnp.where(prefill, alloc, 0.0))
+        kw = dict(
+            decode_seqs=num_decode,
+            decode_context=jnp.sum(jnp.where(decode, computed, 0.0))
+            / jnp.maximum(num_decode, 1.0),
+            prefill_tokens=prefill_tokens,
+            prefill_context=jnp.sum(jnp.where(prefill, alloc * (computed + alloc / 2.0), 0.0))
+            / jnp.maximum(prefill_tokens, 1.0),
+            prefill_seqs=jnp.sum(prefill).astype(float))
+        _, cost = _capped_step(model, chip, design, layout, kw, 24.0, hard, vectorize)
+        work = jnp.any(alloc > 0)
+        dt = jnp.where(work, cost.time, 0.0)
+        pending = ~g.finished & (g.arrival > t)
+        next_arrival = jnp.min(jnp.where(pending, g.arrival, jnp.inf))
+        end = jnp.where(work, t + dt, jnp.where(jnp.isinf(next_arrival), t,
+                                                jnp.maximum(next_arrival, t)))
+        stuck = ~work & jnp.isinf(next_arrival)
+        # Outcomes at the end of the step.
+        computed = computed + alloc
+        running = keep | admitted
+        sampled = running & (alloc > 0) & (computed >= target)
+        generated = s.generated + sampled
+        done = running & (generated >= outputs_w)
+        present = ~g.finished & (g.arrival < end)
+        area = g.area + jnp.sum(jnp.where(present, end - jnp.maximum(g.arrival, t), 0.0))
+        # A window too narrow: requests past it wait while it admitted all it saw and had
+        # budget and seats to spare (the full simulation would have looked further).
+        beyond = (index >= offset + width) & ~g.finished & (g.arrival <= t)
+        overflow = g.overflow | (jnp.any(beyond) & ~jnp.any(waiting & ~admitted)
+                                 & (left - jnp.sum(walloc) > 0) & ~jnp.any(preempted)
+                                 & (jnp.sum(keep | admitted) < policy.max_num_seqs))
+        num_admitted = jnp.sum(admitted)
+        # The free queue: blocks taken from its front (growth and new requests, cache hits
+        # excepted), blocks freed onto its back (preempted now, finished at the step's end).
+        taken = jnp.sum(jnp.where(keep | admitted, blocks(computed) - jnp.where(
+            admitted, hit, blocks(computed - alloc)), 0.0))
+        freed = jnp.where(preempted, blocks(s.computed), 0.0)
+        cached_at = jnp.where(preempted, s.queue_end + jnp.cumsum(freed) - freed, s.cached_at)
+        cached_at = cached_at + jnp.where(preempted, freed - jnp.floor(s.computed / bs), 0.0)
+        cached_blocks = jnp.where(preempted, jnp.floor(s.computed / bs),
+                                  jnp.where(admitted, 0.0, s.cached_blocks))
+        queue_end = s.queue_end + jnp.sum(freed) + jnp.sum(jnp.where(done, blocks(computed),
+                                                                     0.0))
+        # Preempted requests go to the front of the queue, the latest preemption first and,
+        # within one step, the oldest admission first (vLLM: popped from the tail of the
+        # running list and pushed to the front of the waiting queue one by one).
+        front = -(s.step + 1.0) * (n + 1.0) + back.astype(float)
+        new = _State(
+            t=end, step=s.step + 1, arrival=s.arrival, computed=computed,
+            generated=generated, running=running & ~done, finished=s.finished | done,
+            admitted_at=jnp.where(admitted, s.counter + rank[wback], s.admitted_at),
+            queue_key=jnp.where(preempted, front, s.queue_key),
+            counter=s.counter + num_admitted,
+            scheduled=jnp.where(admitted & jnp.isinf(s.scheduled), t, s.scheduled),
+            first_token=jnp.where(sampled & jnp.isinf(s.first_token), end, s.first_token),
+            finish=jnp.where(done, end, s.finish), preemptions=s.preemptions + preempted,
+            busy=s.busy + dt, energy=s.energy + jnp.where(work, cost.dynamic_energy, 0.0),
+            area=area, stuck=stuck, cached_at=cached_at, cached_blocks=cached_blocks,
+            evicted=s.evicted + taken, queue_end=queue_end, lo=g.lo, overflow=overflow)
+        new = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], new,
+                          [jax.lax.dynamic_update_slice_in_dim(getattr(g, f), getattr(new, f),
+                                                               offset, 0)
+                           for f in _PER_REQUEST])
+        if follower is not None:
+            ended = jnp.zeros(n, bool).at[offset + jnp.arange(width)].set(done)
+            new = eqx.tree_at(lambda st: st.arrival, new, new.arrival.at[follower].min(
+                jnp.where(ended, end + requests.think_time, jnp.inf), mode="drop"))
+        # The first unfinished request (finished ones never return).
+        return eqx.tree_at(lambda st: st.lo, new, jnp.argmin(new.finished))
+
+    def cond(s: _State):
+        return (s.step < max_steps) & ~jnp.all(s.finished) & ~s.stuck
+
+    s = jax.lax.while_loop(cond, body, init)
+    return Result(arrival=s.arrival, scheduled=s.scheduled, first_token=s.first_token,
+                  finish=s.finish, input_len=inputs, output_len=outputs, valid=valid,
+                  finished=valid & jnp.isfinite(s.finish), preemptions=s.preemptions,
+                  end_time=s.t, busy_time=s.busy, dynamic_energy=s.energy,
+                  in_system_area=s.area, steps=s.step, idle_power=chip.idle_power,
+                  chips=jnp.asarray(design.chips, dtype=float), window_overflow=s.overflow)
+
+
+simulate_jit = eqx.filter_jit(simulate)
+
+
+# ---------------------------------------------------------------------------------------
+# Summaries.
+
+
+class Stats(eqx.Module):
+    """Mean and percentiles of one latency over finished requests (s)."""
+
+    mean: jnp.ndarray
+    p50: jnp.ndarray
+    p90: jnp.ndarray
+    p95: jnp.ndarray
+    p99: jnp.ndarray
+
+
+class Summary(eqx.Module):
+    """What a simulation says about the service."""
+
+    ttft: Stats
+    tpot: Stats
+    e2e: Stats
+    queue_delay: Stats
+    requests: jnp.ndarray
+    """Requests arrived."""
+    finished: jnp.ndarray
+    unfinished: jnp.ndarray
+    """Arrived requests not finished when the simulation stopped."""
+    preemptions: jnp.ndarray
+    duration: jnp.ndarray
+    """First arrival to end of the simulation (s)."""
+    throughput: jnp.ndarray
+    """Finished requests per second (1/s)."""
+    goodput: jnp.ndarray
+    """Finished requests per second meeting both SLOs (1/s)."""
+    goodput_per_chip: jnp.ndarray
+    utilization: jnp.ndarray
+    """Fraction of the duration spent in engine steps."""
+    power: jnp.ndarray
+    """Average power per chip, idle gaps included (W)."""
+    mean_in_system: jnp.ndarray
+    """Time-average of requests arrived and unfinished, from the step clock."""
+
+
+def _stats(x, mask):
+    x = jnp.where(mask & jnp.isfinite(x), x, jnp.nan)
+    q = jnp.nanpercentile(x, jnp.asarray([50.0, 90.0, 95.0, 99.0]), axis=-1)
+    return Stats(mean=jnp.nanmean(x, axis=-1), p50=q[0], p90=q[1], p95=q[2], p99=q[3])
+
+
+def summarize(result: Result, max_ttft=jnp.inf, max_tpot=jnp.inf) -> Summary:
+    """Summaries of one simulation (vmap it over a batch of results).
+
+    Args:
+        result: from `simulate`.
+        max_ttft, max_tpot: SLOs of goodput (s); inf: none.
+    """
+    done = result.finished
+    arrived = result.arrived
+    start = jnp.min(jnp.where(arrived, result.arrival, jnp.inf), axis=-1)
+    duration = jnp.maximum(result.end_time - start, 1e-12)
+    tpot_ok = jnp.where(result.output_len > 1, result.tpot <= max_tpot, True)
+    good = done & (result.ttft <= max_ttft) & tpot_ok
+    goodput = jnp.sum(good, axis=-1) / duration
+    return Summary(
+        ttft=_stats(result.ttft, done), tpot=_stats(result.tpot, done),
+        e2e=_stats(result.e2e, done), queue_delay=_stats(result.queue_delay, done),
+        requests=jnp.sum(arrived, axis=-1), finished=jnp.sum(done, axis=-1),
+        unfinished=jnp.sum(arrived & ~done, axis=-1),
+        preemptions=jnp.sum(result.preemptions, axis=-1), duration=duration,
+        throughput=jnp.sum(done, axis=-1) / duration, goodput=goodput,
+        goodput_per_chip=goodput / result.chips, utilization=result.busy_time / duration,
+        power=result.idle_power + result.dynamic_energy / duration,
+        mean_in_system=result.in_system_area / duration)
