@@ -108,6 +108,23 @@ def check(owner, rules: dict) -> None:
             raise ValueError(f"{where} must be {valid.describe()}, got {what}")
 
 
+def distribution(owner, fields, names) -> None:
+    """Raise ValueError naming `Owner.field` unless each concrete field of `fields` is a
+    probability vector over `names` (its last axis): entries in [0, 1] summing to 1
+    (within 1e-6), as a one-hot choice or a relaxed mix is. Traced values are skipped."""
+    for field in fields:
+        value = getattr(owner, field)
+        if isinstance(value, jax.core.Tracer):
+            continue
+        x = np.asarray(value, dtype=float)
+        where = f"{type(owner).__name__}.{field}"
+        if not (np.all(np.isfinite(x)) and np.all(x >= 0) and np.all(x <= 1)
+                and np.allclose(x.sum(axis=-1), 1.0, rtol=0, atol=1e-6)):
+            raise ValueError(f"{where} must be probabilities over {tuple(names)} (entries in "
+                             f"[0, 1] summing to 1; one-hot for a real design), got "
+                             f"{np.round(x, 6).tolist()}")
+
+
 def instance(owner, field: str, *types) -> None:
     """Raise TypeError unless `Owner.field` is an instance of one of `types`."""
     value = getattr(owner, field)

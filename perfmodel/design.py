@@ -16,6 +16,7 @@ from .checks import (
     Range,
     as_number,
     check,
+    distribution,
     instance,
 )
 from .formats import COMPUTE_CLASSES, FORMAT_BYTES, FORMAT_CLASS, compute_class, resolve_format
@@ -193,26 +194,31 @@ class Precision(eqx.Module):
     design; a softmax in a relaxed search).
     """
 
-    weight_bytes: jnp.ndarray = eqx.field(converter=_array)
+    weight_bytes: jnp.ndarray = eqx.field(converter=as_number)
     """Bytes per non-expert weight (attention, dense FFN, shared experts, LM head)."""
-    expert_bytes: jnp.ndarray = eqx.field(converter=_array)
+    expert_bytes: jnp.ndarray = eqx.field(converter=as_number)
     """Bytes per routed-expert weight."""
-    kv_bytes: jnp.ndarray = eqx.field(converter=_array)
+    kv_bytes: jnp.ndarray = eqx.field(converter=as_number)
     """Bytes per cached KV value."""
-    activation_bytes: jnp.ndarray = eqx.field(converter=_array)
+    activation_bytes: jnp.ndarray = eqx.field(converter=as_number)
     """Bytes per activation value moved between chips or through HBM."""
-    weight_compute: jnp.ndarray = eqx.field(converter=_array)
-    expert_compute: jnp.ndarray = eqx.field(converter=_array)
-    attention_compute: jnp.ndarray = eqx.field(converter=_array)
+    weight_compute: jnp.ndarray = eqx.field(converter=as_number)
+    expert_compute: jnp.ndarray = eqx.field(converter=as_number)
+    attention_compute: jnp.ndarray = eqx.field(converter=as_number)
     names: tuple[str, ...] = eqx.field(static=True, default=())
     """(weights, experts, kv) format names, for reports; empty when relaxed."""
 
     def __check_init__(self):
+        check(self, {"weight_bytes": POSITIVE, "expert_bytes": POSITIVE, "kv_bytes": POSITIVE,
+                     "activation_bytes": NON_NEGATIVE, "weight_compute": UNIT_INTERVAL,
+                     "expert_compute": UNIT_INTERVAL, "attention_compute": UNIT_INTERVAL})
         n = len(COMPUTE_CLASSES)
         for key in ("weight_compute", "expert_compute", "attention_compute"):
             if getattr(self, key).shape[-1:] != (n,):
                 raise ValueError(f"Precision.{key} needs {n} entries, one per compute class "
                                  f"{COMPUTE_CLASSES}; got shape {getattr(self, key).shape}")
+        distribution(self, ("weight_compute", "expert_compute", "attention_compute"),
+                     COMPUTE_CLASSES)
 
 
 def _one_hot(cls: str):
@@ -356,6 +362,7 @@ class SliceMapping(eqx.Module):
             if getattr(self, key).shape[-1:] != (len(PLACEMENTS),):
                 raise ValueError(f"SliceMapping.{key} needs {len(PLACEMENTS)} entries, one per "
                                  f"placement {PLACEMENTS}")
+        distribution(self, STATE_CLASSES, PLACEMENTS)
 
     def weight_class(self, name: str) -> jnp.ndarray:
         """Placement of the weights read by operator `name`."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from .architecture import Model
 from .design import Design, Layout, Precision, Runtime, SliceMapping, SpecDecode, precision
+from .formats import COMPUTE_CLASSES
 from .hardware import Chip
 from .kvcache import max_batch
 from .presets import get_chip, get_model
@@ -130,7 +131,7 @@ def _memory_key(chip: Chip, prec: Precision, runtime: Runtime) -> tuple[float, .
 def _fit(model: Model, key: tuple[float, ...], tp: int, ep: int, pp: int, dpa: bool,
          context: float) -> float:
     capacity, slices, weight, expert, kv, fraction, reserve = key
-    mix = jnp.zeros(4)
+    mix = jnp.asarray([1.0 if c == "bf16" else 0.0 for c in COMPUTE_CLASSES])   # unused
     prec = Precision(weight_bytes=weight, expert_bytes=expert, kv_bytes=kv,
                      activation_bytes=2.0, weight_compute=mix, expert_compute=mix,
                      attention_compute=mix)

@@ -2,6 +2,7 @@
 field, never a silent clip, a NaN or a negative latency later (issue 24's examples, then a
 hypothesis fuzz of invalid values across the public constructors)."""
 
+import dataclasses
 import math
 
 import equinox as eqx
@@ -15,6 +16,10 @@ import perfmodel.serving
 import perfmodel.sweep
 
 DATASHEET = dict(bf16_tflops=1000, hbm_gb=80, hbm_tb_s=3.0, scaleup_gb_s=450, tdp_w=700)
+
+
+def _precision():
+    return pm.precision(pm.get_chip("h100"), pm.get_model("llama-3.1-8b"))
 
 
 def _design(**overrides):
@@ -67,6 +72,10 @@ EXAMPLES = [
      "does not compute nvfp4"),
     (lambda: pm.precision(pm.get_chip("a100"), pm.get_model("llama-3.1-8b"),
                           attention="fp8"), "emulate=True"),
+    (lambda: dataclasses.replace(_precision(), weight_bytes=-1.0), "Precision.weight_bytes"),
+    (lambda: dataclasses.replace(_precision(), weight_compute=[0.5, 0.2, 0.0, 0.0]),
+     "Precision.weight_compute must be probabilities"),
+    (lambda: pm.SliceMapping(kv=[0.2, 0.2, 0.2]), "SliceMapping.kv must be probabilities"),
 ]
 
 
@@ -115,6 +124,21 @@ FIELDS = {
     "Switch": (lambda **k: pm.Switch(**{"bandwidth": 1e11, "latency": 1e-6, **k}), {
         "bandwidth": (0, math.inf, True, False), "latency": (0, math.inf, False, False),
         "efficiency": (0, 1, True, False), "base_latency": (0, math.inf, False, False),
+    }),
+    "Ring": (lambda **k: pm.Ring(**{"bandwidth": 1e11, "latency": 1e-6, **k}), {
+        "bandwidth": (0, math.inf, True, False), "latency": (0, math.inf, False, False),
+        "efficiency": (0, 1, True, False), "base_latency": (0, math.inf, False, False),
+    }),
+    "EnergyCoefficients": (lambda **k: pm.EnergyCoefficients(**k), {
+        "per_flop": (0, math.inf, False, False), "per_hbm_byte": (0, math.inf, False, False),
+        "per_link_byte": (0, math.inf, False, False),
+        "active_power": (0, math.inf, False, False),
+    }),
+    "Design": (lambda **k: _design(**k), {"concurrency": (0, math.inf, True, False)}),
+    "Precision": (lambda **k: dataclasses.replace(_precision(), **k), {
+        "weight_bytes": (0, math.inf, True, False), "expert_bytes": (0, math.inf, True, False),
+        "kv_bytes": (0, math.inf, True, False),
+        "activation_bytes": (0, math.inf, False, False),
     }),
     "from_datasheet": (lambda **k: pm.from_datasheet("x", **{**DATASHEET, **k}), {
         "tdp_w": (0, math.inf, True, False), "hbm_tb_s": (0, math.inf, True, False),
@@ -188,7 +212,7 @@ def _numeric_fields():
     chip = pm.get_chip("h100")
     specs = [pm.Workload(1024, 256), pm.Runtime(), pm.SpecDecode(), pm.Efficiency(),
              pm.EnergyCoefficients(), chip, chip.scale_up, pm.Ring(1e11, 1e-6),
-             pm.Torus(1e11, 1e-6), _design()]
+             pm.Torus(1e11, 1e-6), _design(), _precision()]
     return [pytest.param(spec, f.name, id=f"{type(spec).__name__}.{f.name}")
             for spec in specs for f in dataclasses.fields(spec)
             if f.metadata.get("converter") is as_number]

@@ -235,9 +235,8 @@ def _gemm_time(chip, m, n, k, wb, ab, mix):
                   kv_bytes=jnp.zeros_like(m), activation_bytes=(m * k + m * n) * ab,
                   rows=m, compute_mix=mix, kernels=jnp.ones_like(m),
                   fabric_rows=jnp.zeros_like(m))
-    zero = jnp.zeros(len(COMPUTE_CLASSES))
     prec = Precision(weight_bytes=wb, expert_bytes=wb, kv_bytes=ab, activation_bytes=ab,
-                     weight_compute=mix, expert_compute=zero, attention_compute=zero)
+                     weight_compute=mix, expert_compute=mix, attention_compute=mix)
     design = Design(concurrency=1.0, layout=Layout(), precision=prec)
     t, _ = operator_time(op, chip, design, jnp.ones_like(m))
     return t
