@@ -315,8 +315,14 @@ def _validate(model: Model, chip: Chip, workload: Workload, design: Design):
             raise ValueError(f"design.layout (LayoutNumbers) fields must share one shape, got "
                              f"{shapes}; stack whole layouts (Layout.numbers()) to batch them")
         return
-    layouts = [design.layout] if isinstance(design.layout, Layout) else \
-        [design.layout.prefill, design.layout.decode]
+    check_layout(model, design.layout)
+
+
+def check_layout(model: Model, layout: Layout | Disaggregated) -> None:
+    """Raise ValueError unless a static layout can hold `model`: ep divides its experts, tp
+    splits its heads (`Model.split_problem`), pp is at most its layers (`LayoutNumbers`
+    are checked at run time instead, by `predict`)."""
+    layouts = [layout] if isinstance(layout, Layout) else [layout.prefill, layout.decode]
     for layout in layouts:
         if model.is_moe and model.num_experts % layout.ep:
             raise ValueError(f"layout ep={layout.ep} must divide the model's "

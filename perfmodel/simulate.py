@@ -64,7 +64,7 @@ from .checks import NON_NEGATIVE, Range, as_number, check
 from .design import Design, Disaggregated, Layout
 from .hardware import Chip
 from .kvcache import max_batch
-from .serving import _capped_step
+from .serving import _capped_step, check_layout
 
 # ---------------------------------------------------------------------------------------
 # Specs.
@@ -355,6 +355,8 @@ def _validate(model, chip, design, policy, requests):
     if isinstance(design.layout, Layout) and design.layout.replicas != 1:
         raise ValueError(f"design.layout.replicas must be 1 (one engine instance), got "
                          f"{design.layout.replicas}")
+    if isinstance(design.layout, Layout):
+        check_layout(model, design.layout)
 
 
 #: Run-time checks of traced policy values (a vmapped stack is checked here, not when built).

@@ -215,6 +215,9 @@ def test_bad_specs_are_refused():
         sim.simulate(MODEL, CHIP, split, sim.Policy(), requests)
     with pytest.raises(ValueError, match="policy must be a perfmodel Policy"):
         sim.simulate(MODEL, CHIP, DESIGN, {"max_num_seqs": 4}, requests)
+    three = eqx.tree_at(lambda d: d.layout, DESIGN, pm.Layout(tp=3))   # 32 heads, 8 KV
+    with pytest.raises(ValueError, match="tp=3 does not divide"):
+        sim.simulate(MODEL, CHIP, three, sim.Policy(), requests)
 
 
 def test_gamma_arrivals_have_the_asked_rate_and_burstiness():
@@ -343,7 +346,12 @@ def test_command_line(capsys, tmp_path):
     assert "6 requests" in text and "rtx-4090" in text and "ttft_s" in text
     for bad, match in ((["--rate", "0"], "--rate"), ([], "give --rate"),
                        (["--rate", "1", "--trace", str(path)], "not both"),
-                       (["--rate", "1", "--chip", "nonesuch"], "unknown chip")):
+                       (["--rate", "1", "--chip", "nonesuch"], "unknown chip"),
+                       (["--rate", "1", "--tp", "3"], "tp=3 does not divide"),
+                       (["--rate", "1", "--isl", "200000"], "--allow-long-context"),
+                       (["--rate", "1", "--model", "llama-3.1-405b"], "does not fit"),
+                       (["--rate", "1", "--isl", "4000", "--kv-blocks", "100"],
+                        "does not fit")):
         assert main(["simulate", *bad]) == 2
         assert match in capsys.readouterr().err
 

@@ -6,7 +6,7 @@ import argparse
 import math
 import time
 
-from . import add_format_arg, positive_int, provenance, render, token_count
+from . import add_format_arg, add_long_context_arg, positive_int, provenance, render, token_count
 
 #: Most requests one command simulates (the loop's arrays have that size).
 MAX_REQUESTS = 100_000
@@ -77,6 +77,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="input tokens per request (default 1024)")
     parser.add_argument("--osl", type=token_count, default=256,
                         help="output tokens per request (default 256)")
+    add_long_context_arg(parser)
     parser.add_argument("--requests", type=lambda t: positive_int(t, MAX_REQUESTS),
                         default=None, help="requests simulated (default 256; with --trace, "
                                            "its first ones, default all)")
@@ -114,8 +115,9 @@ def _specs(args):
         model, chip, design, policy = vllm_engine(args.engine_config, args.chip)
     else:
         model, chip = find_model(args.model), get_chip(args.chip or "h100")
+        # The checkpoint's own formats, as vLLM serves it without quantization flags.
         design = Design(concurrency=1.0, layout=Layout(tp=args.tp),
-                        precision=precision(chip, model, "bf16"),
+                        precision=precision(chip, model),
                         runtime=runtime_for(args.engine, chip.family))
         policy = Policy()
     for option, field in (("max_num_seqs", "max_num_seqs"),
@@ -150,11 +152,42 @@ def _requests(args):
     return sim.gamma(key, args.rate, cv, args.requests or 256, args.isl, args.osl)
 
 
+def _check_requests(args, model, chip, design, policy, requests) -> None:
+    """Refuse, before simulating, requests longer than the model's context (unless
+    --allow-long-context) and a deployment whose KV blocks cannot hold the longest one."""
+    import numpy as np
+
+    from .. import simulate as sim
+
+    valid = np.asarray(requests.valid)
+    lengths = (np.asarray(requests.input_len) + np.asarray(requests.output_len))[valid]
+    longest = int(lengths.max())
+    limit = model.max_context
+    if limit and longest > limit and not args.allow_long_context:
+        raise ValueError(f"the longest request, {longest:,} tokens, is longer than "
+                         f"{model.name}'s maximum context of {limit:,} "
+                         "(max_position_embeddings); pass --allow-long-context to model it "
+                         "anyway")
+    blocks = float(policy.kv_blocks)
+    if not math.isfinite(blocks):
+        blocks = float(sim.engine_kv_blocks(model, chip, design, policy.block_size))
+    size = float(policy.block_size)
+    usable = blocks - 1.0   # vLLM's null block
+    need = math.ceil(float(np.asarray(requests.input_len)[valid].max()) / size)
+    if usable < need:
+        held = max(usable, 0.0) * size
+        raise ValueError(f"does not fit: {model.name} on {int(design.chips)} x {chip.name} "
+                         f"leaves {max(usable, 0):,.0f} KV blocks ({held:,.0f} tokens) next to "
+                         f"the weights, and the longest prompt needs {need:,}; use more chips "
+                         "(--tp), a narrower format or shorter requests")
+
+
 def run(args) -> int:
     from .. import simulate as sim
 
     model, chip, design, policy = _specs(args)
     requests = _requests(args)
+    _check_requests(args, model, chip, design, policy, requests)
     start = time.perf_counter()
     result = sim.simulate_jit(model, chip, design, policy, requests, max_steps=args.max_steps)
     summary = sim.summarize(result, args.max_ttft_ms / 1e3, args.max_tpot_ms / 1e3)
