@@ -144,6 +144,7 @@ def test_jit_and_eager_agree(poisson_run):
                                    rtol=1e-12)
 
 
+@pytest.mark.slow   # compiles the loop under vmap (test_queueing_grows_toward_capacity vmaps loads)
 def test_vmap_over_policies(poisson_run):
     requests, _, _ = poisson_run
     policies = [sim.Policy(max_num_seqs=2, max_num_batched_tokens=512),

@@ -297,9 +297,11 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
     Raises:
         ValueError: unknown names or modes, or baselines not matching models.
 
-    Example:
-        >>> rows = compare(["gpt-oss-120b"], modes=("predicted",), grid=(1., 64.), chips=8)
-        >>> [(r["chip"], r["baseline"], r["mode"]) for r in rows]
+    Example (not run as a doctest: its two sweeps compile for about 20 s, and
+    tests/test_compare.py runs the same call):
+        >>> rows = compare(["gpt-oss-120b"], modes=("predicted",), grid=(1., 64.),
+        ...                chips=8)  # doctest: +SKIP
+        >>> [(r["chip"], r["baseline"], r["mode"]) for r in rows]  # doctest: +SKIP
         [('jalapeno', 'gb200', 'predicted')]
     """
     models = list(models) if models else [p[0] for p in PAIRS]
