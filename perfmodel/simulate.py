@@ -271,7 +271,7 @@ class Result(eqx.Module):
     idle_power: jnp.ndarray
     """The chip's idle power (W)."""
     chips: jnp.ndarray
-    """Chips of the instance."""
+    """Chips of all instances."""
     window_overflow: jnp.ndarray
     """True when a `window` may have hidden a request the engine would have admitted."""
 
@@ -352,11 +352,13 @@ def _validate(model, chip, design, policy, requests):
     if isinstance(design.layout, Disaggregated):
         raise ValueError("design.layout: the simulator runs one aggregated instance; "
                          "a Disaggregated layout is not simulated yet")
-    if isinstance(design.layout, Layout) and design.layout.replicas != 1:
-        raise ValueError(f"design.layout.replicas must be 1 (one engine instance), got "
-                         f"{design.layout.replicas}")
     if isinstance(design.layout, Layout):
         check_layout(model, design.layout)
+        replicas = design.layout.replicas
+        if requests.clients and requests.clients % replicas:
+            raise ValueError(f"requests.clients ({requests.clients}) must be a multiple of "
+                             f"design.layout.replicas ({replicas}): each replica serves "
+                             "whole clients")
 
 
 #: Run-time checks of traced policy values (a vmapped stack is checked here, not when built).
@@ -381,12 +383,14 @@ def _checked(policy: Policy) -> Policy:
 def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests: Requests,
              *, max_steps: int = 100_000, hard: bool = True,
              vectorize: bool = True, window: int | None = None) -> Result:
-    """Simulate one engine instance serving `requests` under `policy`.
+    """Simulate engine instances serving `requests` under `policy`: one, or
+    `design.layout.replicas` behind a round-robin router (`_replicated`).
 
     Args:
         model: architecture (static).
         chip: accelerator spec.
-        design: layout (aggregated, one replica), precisions, runtime (its
+        design: layout (aggregated; its replicas are data-parallel engines), precisions,
+            runtime (its
             `step_overhead` and `seq_overhead` are paid every step); `design.concurrency`
             is not read (the load is `requests`).
         policy: scheduler settings.
@@ -407,7 +411,8 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
         `Result` (see `summarize`).
 
     Raises:
-        ValueError: a spec of the wrong kind, a disaggregated or replicated layout.
+        ValueError: a spec of the wrong kind, a disaggregated layout, a layout that cannot
+            hold the model, closed-loop clients that replicas cannot share evenly.
         equinox.EquinoxRuntimeError: a traced policy value out of range (`Policy`'s rules).
 
     Queue order uses float keys of size steps x requests: run with `jax_enable_x64` (as the
@@ -415,6 +420,66 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
     """
     _validate(model, chip, design, policy, requests)
     policy = _checked(policy)
+    layout = design.layout
+    if isinstance(layout, Layout) and layout.replicas > 1:
+        return _replicated(model, chip, design, policy, requests, max_steps, hard, vectorize,
+                           window)
+    return _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
+                     window)
+
+
+def _replicated(model, chip, design, policy, requests, max_steps, hard, vectorize, window):
+    """R = `design.layout.replicas` engine instances behind a round-robin router: request i
+    goes to instance i mod R (in arrival order; closed-loop clients stay on one instance),
+    each instance simulated alone (one `vmap` over them), the per-request records put
+    back in request order and the totals combined: the clock of the last instance to stop,
+    busy time and energy per chip averaged over instances (so `summarize` gives the mean
+    utilization and the average power per chip), time-in-system summed, chips counted over
+    all instances.
+
+    Round robin ignores load: vLLM's data-parallel front end sends each request to the
+    engine with the fewest waiting and running requests, which evens out bursts that round
+    robin leaves; with equal lengths the two agree.
+    """
+    import dataclasses
+
+    r = design.layout.replicas
+    one = eqx.tree_at(lambda d: d.layout, design, dataclasses.replace(design.layout,
+                                                                      replicas=1))
+    n = requests.size
+    m = -(-n // r)
+    pad = m * r - n
+
+    def split(x, fill):
+        x = jnp.concatenate([jnp.asarray(x), jnp.full((pad,), fill, dtype=jnp.asarray(x).dtype)])
+        return x.reshape(m, r).T   # (r, m): instance k holds requests k, k + r, ...
+
+    arrays = (split(requests.arrival, jnp.inf), split(requests.input_len, 1.0),
+              split(requests.output_len, 1.0), split(requests.valid, False))
+    clients = requests.clients // r
+
+    def serve(arrival, input_len, output_len, valid):
+        part = Requests(arrival=arrival, input_len=input_len, output_len=output_len,
+                        valid=valid, think_time=requests.think_time, clients=clients)
+        return _instance(model, chip, one, policy, part, max_steps, hard, vectorize, window)
+
+    out = jax.vmap(serve)(*arrays)
+
+    def merge(x):
+        return x.T.reshape(-1)[:n]
+
+    per_request = ("arrival", "scheduled", "first_token", "finish", "input_len",
+                   "output_len", "valid", "finished", "preemptions")
+    fields = {k: merge(getattr(out, k)) for k in per_request}
+    return Result(**fields, end_time=jnp.max(out.end_time), busy_time=jnp.mean(out.busy_time),
+                  dynamic_energy=jnp.mean(out.dynamic_energy),
+                  in_system_area=jnp.sum(out.in_system_area), steps=jnp.max(out.steps),
+                  idle_power=out.idle_power[0], chips=jnp.sum(out.chips),
+                  window_overflow=jnp.any(out.window_overflow))
+
+
+def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize, window):
+    """`simulate` of one engine instance (the loop)."""
     n = requests.size
     bs = policy.block_size
     # vLLM's block pool keeps one null block out of use (`BlockPool.null_block`).

@@ -143,7 +143,9 @@ def vllm_engine(meta_path: str | os.PathLike, chip=None, framework: str = "vllm"
     dtype = kwargs.get("dtype", "auto")
     if dtype not in ("bfloat16", "auto"):
         raise ValueError(f"{meta_path}: dtype {dtype!r} is not modelled (bfloat16 only)")
-    layout = Layout(tp=int(kwargs.get("tensor_parallel_size", 1)))
+    # vLLM's data parallelism runs data_parallel_size engines (replicas of the tp group).
+    layout = Layout(tp=int(kwargs.get("tensor_parallel_size", 1)),
+                    replicas=int(kwargs.get("data_parallel_size", 1)))
     prec = precision(chip, model, "bf16")
     seqs = float(scheduler.get("max_num_seqs", kwargs.get("max_num_seqs", 256)))
     tokens = float(scheduler.get("max_num_batched_tokens",

@@ -53,6 +53,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="chip preset (default h100, or the device --engine-config names)")
     parser.add_argument("--tp", type=lambda t: positive_int(t, 1024), default=1,
                         help="tensor-parallel chips of the instance (default 1)")
+    parser.add_argument("--replicas", type=lambda t: positive_int(t, 4096), default=1,
+                        help="data-parallel engine instances behind a round-robin router "
+                             "(default 1)")
     parser.add_argument("--engine", choices=("vllm",), default="vllm",
                         help="scheduler and fitted runtime terms (default vllm)")
     parser.add_argument("--engine-config", metavar="META.json", default=None,
@@ -113,10 +116,12 @@ def _specs(args):
 
     if args.engine_config is not None:
         model, chip, design, policy = vllm_engine(args.engine_config, args.chip)
+        if args.replicas != 1:
+            raise ValueError("--replicas: the engine config gives data_parallel_size")
     else:
         model, chip = find_model(args.model), get_chip(args.chip or "h100")
         # The checkpoint's own formats, as vLLM serves it without quantization flags.
-        design = Design(concurrency=1.0, layout=Layout(tp=args.tp),
+        design = Design(concurrency=1.0, layout=Layout(tp=args.tp, replicas=args.replicas),
                         precision=precision(chip, model),
                         runtime=runtime_for(args.engine, chip.family))
         policy = Policy()
