@@ -175,3 +175,15 @@ def test_traced_errors_say_nan_and_infinity_fail():
     bad = eqx.tree_at(lambda c: c.hbm_bandwidth, chip, arr(float("nan")))
     with pytest.raises(eqx.EquinoxRuntimeError, match="> 0, and finite"):
         pm.predict_jit(model, bad, workload, design)
+
+
+def test_under_jax_jit_the_message_still_names_the_field():
+    """Under plain `jax.jit` (not `eqx.filter_jit`) JAX wraps a failed check in its own
+    callback error; the README says so, and the field's message is still in it."""
+    import jax
+
+    model, chip, workload, design = case("dense")
+    f = jax.jit(lambda bw: pm.predict(model, eqx.tree_at(lambda c: c.hbm_bandwidth, chip, bw),
+                                      workload, design).tpot)
+    with pytest.raises(RuntimeError, match="chip.hbm_bandwidth must be > 0, and finite"):
+        f(arr(-1.0))
