@@ -42,7 +42,9 @@ one is built from textbook pieces and measured against the simulator in
    mean u E[T^2] / (2 E[T]), q-quantile T_r max(0, 1 - (1 - q) / u) with
    T_r = E[T^2] / E[T] (uniform on [0, T_r] when busy). u is the reported utilization.
 4. **Queues.** Two resources can make requests wait. Seats: a G/G/S queue of S servers
-   whose service is a request's life E_s = k T_own + (O - 1) T, load rho_s = lambda E_s / S;
+   whose service is a request's life E_s = k T_own + (O - 1) T evaluated with every seat
+   taken (b = S: a request waits only then, and the seats then turn over at that pace),
+   load rho_s = lambda E_s / S (rho_s = 1: the closed-loop throughput at S clients);
    by Sakasegawa's approximation (1977; Allen-Cunneen's (c_a^2 + c_s^2)/2 for bursts)
    P(wait) = rho_s^(sqrt(2 (S + 1)) - 1) and the wait of those who wait is exponential with
    mean E_s / (S (1 - rho_s)) (c_a^2 + c_s^2) / 2. Prompt tokens: a single server working
@@ -159,7 +161,7 @@ class Estimate(eqx.Module):
     load: jnp.ndarray
     """Load of the binding resource, max(seat_load, token_load); >= 1 is unstable."""
     seat_load: jnp.ndarray
-    """rate x a request's time in a seat / seats."""
+    """rate x a request's time in a seat with every seat taken / seats."""
     token_load: jnp.ndarray
     """Prompt tokens arriving / prompt tokens a backlogged engine processes."""
     running: jnp.ndarray
@@ -317,7 +319,14 @@ def estimate(model: Model, chip: Chip, design: Design, policy: Policy, load: Loa
     base_sd = safe_sqrt(own_var + jnp.maximum(residual_var, 0.0))
     # Queues: seats (G/G/S, Sakasegawa) and prompt tokens (G/D/1, Kingman); c_s = 0.
     burst = ca2 / 2.0
-    seat_load = lam * life / seats
+    # Requests wait for a seat only when every seat is taken; the seats then turn over at
+    # the full batch's pace, so that life sets the queue (and the stability bound: the
+    # closed-loop throughput at max_num_seqs).
+    full_step = mean_step(decode_cap, mean_step(decode_cap, step)[0])[0]
+    own_full = num_chunks * steps([(decode_cap, smooth_min(
+        own_tokens, jnp.maximum(budget - decode_cap, 1.0), sharpness=sharpness))])[0]
+    life_full = own_full + (O - 1.0) * full_step
+    seat_load = lam * life_full / seats
     token_load = lam * I * full / available
     rho = smooth_max(seat_load, token_load, sharpness=sharpness)
 
@@ -325,7 +334,7 @@ def estimate(model: Model, chip: Chip, design: Design, policy: Policy, load: Loa
         return smooth_max(1.0 - x, MIN_GAP, sharpness=sharpness)
 
     seat_wait_p = jnp.minimum(seat_load, 1.0) ** (jnp.sqrt(2.0 * (seats + 1.0)) - 1.0)
-    seat_wait_m = life / (seats * gap(seat_load)) * burst
+    seat_wait_m = life_full / (seats * gap(seat_load)) * burst
     token_wait_p = jnp.minimum(token_load, 1.0)
     token_wait_m = I * full / available / gap(token_load) * burst
     wait_mean = seat_wait_p * seat_wait_m + token_wait_p * token_wait_m
@@ -387,22 +396,24 @@ def capacity(model: Model, chip: Chip, design: Design, policy: Policy, load: Loa
              hard: bool = True, vectorize: bool = True, rtol=1e-6):
     """The arrival rate at which the surrogate's load reaches 1 (1/s): the most requests
     per second the engine sustains under `policy` with `load`'s lengths and burstiness
-    (`load.rate` only brackets the search). Bisection on log rate (`optimistix.Bisection`).
+    (`load.rate` is not read). Bisection on log rate (`optimistix.Bisection`), compiled.
+
+    Raises:
+        ValueError: as `estimate`.
     """
     _validate(model, chip, design, policy, load)
+    return _capacity(model, chip, design, policy, load, hard, vectorize, rtol)
 
+
+@eqx.filter_jit
+def _capacity(model, chip, design, policy, load, hard, vectorize, rtol):
     def excess(log_rate, _):
         at = eqx.tree_at(lambda x: x.rate, load, jnp.exp(log_rate))
         e = estimate(model, chip, design, policy, at, hard=hard, vectorize=vectorize)
-        return jnp.log(jnp.maximum(seat_token(e), 1e-300))
+        return jnp.log(jnp.maximum(jnp.maximum(e.seat_load, e.token_load), 1e-300))
 
-    def seat_token(e):
-        return jnp.maximum(e.seat_load, e.token_load)
-
-    # The load is at least rate x one request's decode at batch 1 / seats and at most the
-    # rate x prompt tokens over a budget's prefill, so these bracket it for any policy.
-    lower, upper = jnp.log(1e-6), jnp.log(1e6)
+    # Loads at 1e-6 and 1e6 requests/s bracket any engine's capacity.
     solver = optx.Bisection(rtol=0.0, atol=rtol, flip="detect", expand_if_necessary=False)
-    sol = optx.root_find(excess, solver, jnp.log(load.rate), options=dict(
-        lower=lower, upper=upper), max_steps=256, throw=False)
+    sol = optx.root_find(excess, solver, jnp.zeros(()), options=dict(
+        lower=jnp.log(1e-6), upper=jnp.log(1e6)), max_steps=256, throw=False)
     return jnp.exp(sol.value)

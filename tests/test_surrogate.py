@@ -26,13 +26,31 @@ def _load(rate, cv=1.0):
 
 
 @eqx.filter_jit
-def _estimate(policy, rate, cv=1.0):
-    return surrogate.estimate(MODEL, CHIP, DESIGN, policy, _load(rate, cv))
+def _compiled(policy, rate, cv, max_ttft, max_tpot):
+    return surrogate.estimate(MODEL, CHIP, DESIGN, policy, _load(rate, cv),
+                              max_ttft=max_ttft, max_tpot=max_tpot)
+
+
+def _estimate(policy, rate, cv=1.0, max_ttft=jnp.inf, max_tpot=jnp.inf):
+    # Arrays, not Python floats: filter_jit would compile once per float value.
+    return _compiled(policy, *(jnp.asarray(x, dtype=float) for x in
+                               (rate, cv, max_ttft, max_tpot)))
 
 
 @pytest.fixture(scope="module")
 def capacity():
     return float(surrogate.capacity(MODEL, CHIP, DESIGN, POLICY, _load(1.0)))
+
+
+#: Loads (fractions of capacity) of `sweep`: below capacity, then past it.
+FRACTIONS = jnp.asarray([0.05, 0.2, 0.5, 0.8, 0.95, 1.1, 2.0])
+
+
+@pytest.fixture(scope="module")
+def sweep(capacity):
+    # One compiled function, called per load (a vmap would compile another).
+    estimates = [_estimate(POLICY, f * capacity) for f in FRACTIONS]
+    return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *estimates)
 
 
 def test_low_load_ttft_is_the_prefill_of_one_request():
@@ -51,45 +69,41 @@ def test_low_load_ttft_is_the_prefill_of_one_request():
     np.testing.assert_allclose(e.ttft.p50, np.asarray(result.ttft), rtol=0.02)
 
 
-def test_percentiles_are_ordered_and_finite(capacity):
-    rates = jnp.asarray([0.05, 0.3, 0.6, 0.9, 1.5]) * capacity
-    e = jax.vmap(lambda r: _estimate(POLICY, r))(rates)
-    for stats in (e.ttft, e.tpot):
+def test_percentiles_are_ordered_and_finite(sweep):
+    for stats in (sweep.ttft, sweep.tpot):
         q = np.stack([stats.p50, stats.p90, stats.p95, stats.p99])
         assert np.all(np.isfinite(q)) and np.all(q[0] > 0), q
         assert np.all(np.diff(q, axis=0) >= -1e-12), q
-    assert np.all(np.asarray(e.ttft.p99) >= np.asarray(e.ttft.mean) * 0.999)
+    assert np.all(np.asarray(sweep.ttft.p99) >= np.asarray(sweep.ttft.mean) * 0.999)
 
 
-def test_waits_grow_with_load_and_are_flagged_past_capacity(capacity):
-    fractions = jnp.asarray([0.2, 0.5, 0.8, 0.95, 1.1, 2.0])
-    e = jax.vmap(lambda r: _estimate(POLICY, r))(fractions * capacity)
-    mean, p99 = np.asarray(e.ttft.mean), np.asarray(e.ttft.p99)
+def test_waits_grow_with_load_and_are_flagged_past_capacity(sweep, capacity):
+    mean, p99 = np.asarray(sweep.ttft.mean), np.asarray(sweep.ttft.p99)
     assert np.all(np.diff(mean) > 0) and np.all(np.diff(p99) > 0), (mean, p99)
-    np.testing.assert_array_equal(np.asarray(e.unstable), [False] * 4 + [True] * 2)
+    np.testing.assert_array_equal(np.asarray(sweep.unstable), [False] * 5 + [True] * 2)
     # Past capacity the wait is held finite and large (1 - rho floored at MIN_GAP).
     assert np.all(np.isfinite(mean)) and mean[-1] > 100 * mean[0]
-    load = np.asarray(e.load)
-    assert np.all(np.diff(load) > 0) and load[3] < 1.0 < load[4], load
-    assert bool(jnp.all(e.converged))
+    load = np.asarray(sweep.load)
+    assert np.all(np.diff(load) > 0) and load[4] < 1.0 < load[5], load
+    assert bool(jnp.all(sweep.converged))
     # Burstier arrivals wait longer at the same rate.
-    bursty = _estimate(POLICY, 0.8 * capacity, 2.0)
-    assert float(bursty.ttft.p99) > float(p99[2])
+    bursty = _estimate(POLICY, FRACTIONS[3] * capacity, 2.0)
+    steady = _estimate(POLICY, FRACTIONS[3] * capacity, 1.0)
+    assert float(bursty.ttft.p99) > float(steady.ttft.p99)
 
 
 def test_capacity_is_where_the_load_reaches_one(capacity):
     e = _estimate(POLICY, capacity)
     np.testing.assert_allclose(e.load, 1.0, rtol=1e-4)
     smaller = float(surrogate.capacity(MODEL, CHIP, DESIGN, eqx.tree_at(
-        lambda p: p.max_num_seqs, POLICY, jnp.asarray(16.0)), _load(1.0)))
+        lambda p: p.max_num_seqs, POLICY, sim.Policy(max_num_seqs=16).max_num_seqs), _load(1.0)))
     assert smaller < capacity
 
 
 def test_jit_and_eager_agree(capacity):
     eager = surrogate.estimate(MODEL, CHIP, DESIGN, POLICY, _load(0.7 * capacity),
                                max_ttft=0.5, max_tpot=0.02)
-    jitted = surrogate.estimate_jit(MODEL, CHIP, DESIGN, POLICY, _load(0.7 * capacity),
-                                    max_ttft=0.5, max_tpot=0.02)
+    jitted = _estimate(POLICY, 0.7 * capacity, 1.0, 0.5, 0.02)
     for a, b in zip(jax.tree_util.tree_leaves(eager), jax.tree_util.tree_leaves(jitted),
                     strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-9)
@@ -107,21 +121,22 @@ def test_gradients_match_central_differences(capacity):
                                max_tpot=0.02)
         return jnp.stack([e.ttft.p99, e.tpot.p99, e.ttft.mean, e.goodput])
 
-    f = jax.jit(outputs)
-    jvp = jax.jit(lambda t, v: jax.jvp(outputs, (t,), (v,))[1])
+    # One compiled function: values and the derivative along v (forward mode).
+    both = jax.jit(lambda t, v: jax.jvp(outputs, (t,), (v,)))
     for fraction, key in ((0.4, 0), (0.8, 1)):
         theta = jnp.log(jnp.asarray([fraction * capacity, 48.0, 1536.0, 700.0, 20000.0]))
         v = jax.random.normal(jax.random.PRNGKey(key), (5,))
         v = v / jnp.linalg.norm(v)
         h = 1e-5
-        fd = (f(theta + h * v) - f(theta - h * v)) / (2 * h)
-        jv = jvp(theta, v)
+        fd = (both(theta + h * v, v)[0] - both(theta - h * v, v)[0]) / (2 * h)
+        jv = both(theta, v)[1]
         assert np.all(np.isfinite(jv))
         # The fixed point is solved to 1e-12 relative, so differences of 1e-5 steps carry
         # about 1e-7 of noise; 1e-5 relative is JAX's float64 derivative tolerance.
         np.testing.assert_allclose(jv, fd, rtol=1e-5, atol=1e-9)
-    grad = jax.grad(lambda t: outputs(t)[0])(theta)
-    assert np.all(np.isfinite(grad)) and float(grad[0]) > 0  # more load, longer p99 TTFT
+        # More load: longer p99 TTFT and p99 TPOT.
+        along_rate = both(theta, jnp.eye(5)[0])[1]
+        assert float(along_rate[0]) > 0 and float(along_rate[1]) > 0, along_rate
 
 
 def test_invalid_input_raises():
