@@ -39,8 +39,8 @@ one is built from textbook pieces and measured against the simulator in
 3. **Residual step.** A request arriving during a step is seen at its end: the engine is
    busy with probability u = 1 - exp(-lambda E2E) (the M/G/inf system is empty with
    probability exp(-L), L = lambda E2E), and the residual of a step is length-biased:
-   mean u E[T^2] / (2 E[T]), q-quantile T_r max(0, 1 - (1 - q) / u) with
-   T_r = E[T^2] / E[T] (uniform on [0, T_r] when busy). u is the reported utilization.
+   uniform on [0, T_r], T_r = E[T^2] / E[T], when busy: mean u T_r / 2, variance
+   u T_r^2 / 3 - (u T_r / 2)^2. u is the reported utilization.
 4. **Queues.** Two resources can make requests wait. Seats: a G/G/S queue of S servers
    whose service is a request's life E_s = k T_own + (O - 1) T evaluated with every seat
    taken (b = S: a request waits only then, and the seats then turn over at that pace),
