@@ -100,6 +100,7 @@ def test_capacity_is_where_the_load_reaches_one(capacity):
     assert smaller < capacity
 
 
+@pytest.mark.slow   # the eager fixed point dispatches op by op (15 s)
 def test_jit_and_eager_agree(capacity):
     eager = surrogate.estimate(MODEL, CHIP, DESIGN, POLICY, _load(0.7 * capacity),
                                max_ttft=0.5, max_tpot=0.02)
