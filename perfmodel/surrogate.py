@@ -103,7 +103,7 @@ from .architecture import Model
 from .checks import POSITIVE, Range, as_number, check
 from .design import Design, Disaggregated, Layout
 from .hardware import Chip
-from .serving import _capped_steps
+from .serving import _capped_steps, check_layout
 from .simulate import Policy, Stats, _checked, engine_kv_blocks
 from .smooth import safe_sqrt, smooth_max, smooth_min, soft_penalty
 
@@ -191,6 +191,8 @@ def _validate(model, chip, design, policy, load):
     if isinstance(design.layout, Layout) and design.layout.replicas != 1:
         raise ValueError(f"design.layout.replicas must be 1 (one engine instance), got "
                          f"{design.layout.replicas}")
+    if isinstance(design.layout, Layout):
+        check_layout(model, design.layout)
 
 
 def _positive_part(x, sharpness):

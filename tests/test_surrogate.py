@@ -147,6 +147,9 @@ def test_invalid_input_raises():
         surrogate.Load(rate=1.0, input_len=0.5, output_len=10)
     with pytest.raises(ValueError, match="policy must be a perfmodel Policy"):
         surrogate.estimate(MODEL, CHIP, DESIGN, None, _load(1.0))
+    three = eqx.tree_at(lambda d: d.layout, DESIGN, pm.Layout(tp=3))   # 32 heads
+    with pytest.raises(ValueError, match="tp=3 does not divide"):
+        surrogate.estimate(MODEL, CHIP, three, sim.Policy(), _load(1.0))
 
 
 def test_agrees_with_the_simulator_at_moderate_load(capacity):
