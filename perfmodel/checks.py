@@ -125,6 +125,15 @@ def distribution(owner, fields, names) -> None:
                              f"{np.round(x, 6).tolist()}")
 
 
+def arguments(**given) -> None:
+    """Raise ValueError for the first argument `name=(value, kind)` whose value is not a
+    `kind` (the specs an entry point takes), naming it and what it got."""
+    for name, (value, kind) in given.items():
+        if not isinstance(value, kind):
+            raise ValueError(f"{name} must be a perfmodel {kind.__name__}, got "
+                             f"{type(value).__name__}")
+
+
 def instance(owner, field: str, *types) -> None:
     """Raise TypeError unless `Owner.field` is an instance of one of `types`."""
     value = getattr(owner, field)

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .architecture import Model
-from .checks import NON_NEGATIVE, Range, as_number, check
+from .checks import NON_NEGATIVE, Range, arguments, as_number, check
 from .design import Design, Disaggregated, Layout
 from .hardware import Chip
 from .kvcache import max_batch
@@ -343,12 +343,8 @@ def _in_order(mask, key):
 
 
 def _validate(model, chip, design, policy, requests):
-    for name, value, kind in (("model", model, Model), ("chip", chip, Chip),
-                              ("design", design, Design), ("policy", policy, Policy),
-                              ("requests", requests, Requests)):
-        if not isinstance(value, kind):
-            raise ValueError(f"{name} must be a perfmodel {kind.__name__}, got "
-                             f"{type(value).__name__}")
+    arguments(model=(model, Model), chip=(chip, Chip), design=(design, Design),
+              policy=(policy, Policy), requests=(requests, Requests))
     if isinstance(design.layout, Disaggregated):
         raise ValueError("design.layout: the simulator runs one aggregated instance; "
                          "a Disaggregated layout is not simulated yet")

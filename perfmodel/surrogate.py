@@ -100,7 +100,7 @@ import jax.numpy as jnp
 import optimistix as optx
 
 from .architecture import Model
-from .checks import POSITIVE, Range, as_number, check
+from .checks import POSITIVE, Range, arguments, as_number, check
 from .design import Design, Disaggregated, Layout
 from .hardware import Chip
 from .serving import _capped_steps, check_layout
@@ -179,12 +179,8 @@ class Estimate(eqx.Module):
 
 
 def _validate(model, chip, design, policy, load):
-    for name, value, kind in (("model", model, Model), ("chip", chip, Chip),
-                              ("design", design, Design), ("policy", policy, Policy),
-                              ("load", load, Load)):
-        if not isinstance(value, kind):
-            raise ValueError(f"{name} must be a perfmodel {kind.__name__}, got "
-                             f"{type(value).__name__}")
+    arguments(model=(model, Model), chip=(chip, Chip), design=(design, Design),
+              policy=(policy, Policy), load=(load, Load))
     if isinstance(design.layout, Disaggregated):
         raise ValueError("design.layout: the surrogate serves one aggregated instance; "
                          "a Disaggregated layout is not modelled")

@@ -127,8 +127,6 @@ def problems(name, points, seed=0):
         "p99 tpot >= tpot": np.asarray(m.p99_tpot) >= tpot * (1 - slack),
         "throughput > 0": np.asarray(m.throughput_per_chip) > 0,
         "0 < power <= TDP": (power > 0) & (power <= cap * (1 + slack)),
-        "interactivity = 1 / tpot": np.abs(np.asarray(m.interactivity) * tpot - 1) < slack,
-        "fits in [0, 1]": (np.asarray(m.fits) >= 0) & (np.asarray(m.fits) <= 1),
     }
     for what, ok in checks.items():
         if not ok.all():

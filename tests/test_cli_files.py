@@ -16,11 +16,6 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "calibration", "data")
 ROWS = os.path.join(DATA, "benchmarks_inferencemax.csv")
 
 
-def _cli(*argv, timeout=120):
-    """The installed command in a fresh process: (exit status, stdout, stderr)."""
-    return run(*argv, timeout=timeout)
-
-
 def _one_line_error(err: str, *words):
     assert err.count("\n") == 1 and err.startswith("perfmodel: error: "), err
     assert "Traceback" not in err
@@ -68,7 +63,7 @@ def test_output_paths_are_checked_before_any_work(monkeypatch, tmp_path, capsys,
 
 
 def test_missing_output_folder_through_the_installed_command(tmp_path):
-    code, out, err = _cli("predict", ROWS, "--out", str(tmp_path / "nope" / "o.csv"))
+    code, out, err = run("predict", ROWS, "--out", str(tmp_path / "nope" / "o.csv"))
     assert code == 2 and out == ""
     _one_line_error(err, "does not exist")
 
@@ -99,7 +94,7 @@ def test_optimize_offers_only_the_formats_it_writes(capsys):
 
 
 def test_version():
-    code, out, err = _cli("--version")
+    code, out, err = run("--version")
     assert code == 0 and err == ""
     assert out.startswith("perfmodel ") and out.count("\n") == 1
     assert "fitted_params.json v" in out and "fitted_power.json v" in out
@@ -199,7 +194,7 @@ def test_progress_bar_on_a_terminal_only():
     assert "deepseek-r1 on 16 x h100" in terminal and "layout" in terminal and "%" in terminal
     code, quiet = _stderr_on_a_terminal([*argv, "--quiet"])
     assert code == 0 and quiet == ""
-    code, out, err = _cli(*argv)   # piped: no bar
+    code, out, err = run(*argv)   # piped: no bar
     assert code == 0 and err == ""
 
 

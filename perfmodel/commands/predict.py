@@ -21,7 +21,7 @@ import sys
 
 from ..calibration import PREDICTION_KEYS, predict_rows
 from ..datasets import INFERENCEMAX_INPUTS, DataError, load_benchmarks, read_table
-from . import check_output, versions
+from . import check_output, provenance, versions
 
 #: Columns that mark a power_measurements.csv-style file.
 POWER_COLUMNS = ("num_gpus", "parallelism")
@@ -119,10 +119,9 @@ def predict_design(path: str) -> dict:
         raise DataError(f"--design {path}: {error}") from None
     hard = bool(spec.get("evaluation", {}).get("hard", True))
     metrics = predict(model, chip, workload, design, hard=hard, check=True, unfit="value")
-    inputs = {"command": "predict", "design_file": path, "model": model.name,
-              "chip": chip.name,
-              "layout": getattr(design.layout, "describe", lambda: "layout numbers")(),
-              **versions()}
+    inputs = provenance(command="predict", design_file=path, model=model.name,
+                        chip=chip.name, layout=getattr(design.layout, "describe",
+                                                       lambda: "layout numbers")())
     return {"inputs": inputs, "metrics": {k: float(v) for k, v in metrics.to_row().items()}}
 
 
