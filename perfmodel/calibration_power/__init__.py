@@ -32,9 +32,11 @@ Modules: `rows` (measurement rows as model inputs, `predict_power_rows`, error f
 
 from .fit import (
     FAMILIES,
+    GAUSSIAN_PRIORS,
     HUBER_DELTA,
     PRIOR,
     REGULARISATION,
+    RESIDUAL_SCALE,
     RUNTIMES,
     PowerFit,
     PowerParams,
@@ -66,9 +68,10 @@ from .rows import (
 )
 
 __all__ = [
-    "ASSUMED_ISL", "DEFAULT_ISL", "FAMILIES", "HUBER_DELTA", "PRIOR", "REGULARISATION",
-    "RUNTIMES", "PowerFit", "PowerParams", "PowerProblem", "RowGroup", "RowPredictions",
-    "RowSpec", "assumed_isl", "build_problem", "errors", "evaluate", "fit_power",
-    "group_inputs", "groups_of", "predict_power_rows", "read_rows", "resolve_model",
-    "residuals", "robust", "row_spec", "runtime_key", "specs_of", "to_fitted", "usable",
+    "ASSUMED_ISL", "DEFAULT_ISL", "FAMILIES", "GAUSSIAN_PRIORS", "HUBER_DELTA", "PRIOR",
+    "REGULARISATION", "RESIDUAL_SCALE", "RUNTIMES", "PowerFit", "PowerParams",
+    "PowerProblem", "RowGroup", "RowPredictions", "RowSpec", "assumed_isl", "build_problem",
+    "errors", "evaluate", "fit_power", "group_inputs", "groups_of", "predict_power_rows",
+    "read_rows", "resolve_model", "residuals", "robust", "row_spec", "runtime_key",
+    "specs_of", "to_fitted", "usable",
 ]

@@ -46,6 +46,25 @@ PRIOR = {"flop": 0.71, "hbm": 0.29, "link": 0.026, "active": 0.1, "idle": 0.15,
          "pipeline_overlap": 0.9, "kernel_efficiency": 0.9}
 #: Huber threshold on log residuals (dimensionless: about 10%).
 HUBER_DELTA = 0.1
+#: Physical priors, Gaussian in log space: (centre, width in natural-log units).
+#:
+#: - "per_hbm_byte" (J/byte), on each measured chip's energy per HBM byte: 60 pJ/byte,
+#:   `hardware.EnergyCoefficients`' prior: HBM2 access 3.97 pJ/bit core and I/O (O'Connor
+#:   et al., "Fine-Grained DRAM: Energy-Efficient DRAM for Extreme Bandwidth Systems",
+#:   MICRO 2017), 32 pJ/byte, about doubled for the on-chip path the figure also carries
+#:   (L2, network on chip, SM loads). Width a factor of 2: DRAM alone is 1 sigma below,
+#:   a path costing three times the DRAM access 1 sigma above.
+#: - "kernel_efficiency", on each fitted (engine, chip family) kernel efficiency: 1, the
+#:   speed of the latency fit's engines (its vLLM included: it fits no kernel term, so
+#:   its kernels run at 1). Width a factor of 2: an engine of the same kernel libraries
+#:   (cuBLAS, FlashAttention) reaching half the tuned engines' speed is 1 sigma, a quarter
+#:   2 sigma.
+GAUSSIAN_PRIORS = {"per_hbm_byte": (60e-12, math.log(2.0)),
+                   "kernel_efficiency": (1.0, math.log(2.0))}
+#: Scale of the log residuals (power, J/token) for weighing `GAUSSIAN_PRIORS` against the
+#: data: 1.4826 x the median absolute log error of the shipped fit in sample (about 0.12),
+#: the robust estimate of a Gaussian's sigma.
+RESIDUAL_SCALE = 0.18
 
 
 def _logit(p):
@@ -155,8 +174,15 @@ class PowerProblem(eqx.Module):
     """Measured output tokens/s per GPU, for reports; NaN where not measured."""
     measured: jnp.ndarray
     """Whether the row has both power and J per output token (bool)."""
+    hbm_scale: jnp.ndarray
+    """log(TDP / HBM bandwidth) (log(J/byte) per TDP fraction) of each measured chip,
+    shape (number of chips,), for the `GAUSSIAN_PRIORS` on energy per HBM byte."""
     index: tuple[int, ...] = eqx.field(static=True)
     """`RowSpec.index` (row of the measurement file) of each problem row."""
+    group_sizes: tuple[int, ...] = eqx.field(static=True)
+    """Rows of each group (problem order is group order)."""
+    group_chip: tuple[int, ...] = eqx.field(static=True)
+    """Index into `hbm_scale` of each group's chip."""
 
     def weights(self, indices) -> jnp.ndarray:
         """Per-row weights in problem order: 1 for rows whose `RowSpec.index` is in
@@ -177,11 +203,14 @@ def build_problem(specs: list[RowSpec]) -> PowerProblem:
     """
     if not specs:
         raise ValueError("build_problem needs at least one row spec (see specs_of)")
-    groups, order = [], []
+    groups, order, chips, group_chip = [], [], {}, []
     for members in groups_of(specs):
         first = members[0]
         chip = fitted_params.apply(get_chip(first.chip_name, calibrated=False), power={})
         design, workload = group_inputs(members, chip, {})
+        if chip.name not in chips:
+            chips[chip.name] = math.log(float(chip.tdp) / float(chip.hbm_bandwidth))
+        group_chip.append(list(chips).index(chip.name))
         groups.append(RowGroup(
             model=first.model, chip=chip, design=design, workload=workload,
             family=FAMILIES.index(chip.family) if chip.family in FAMILIES else -1,
@@ -197,7 +226,10 @@ def build_problem(specs: list[RowSpec]) -> PowerProblem:
                         joules=jnp.asarray(joules),
                         tok_s=jnp.asarray(measured("output_tokens_per_s_per_gpu")),
                         measured=jnp.asarray(np.isfinite(power) & np.isfinite(joules)),
-                        index=tuple(s.index for s in order))
+                        hbm_scale=jnp.asarray(list(chips.values()), dtype=float),
+                        index=tuple(s.index for s in order),
+                        group_sizes=tuple(len(m) for m in groups_of(specs)),
+                        group_chip=tuple(group_chip))
 
 
 def _own(holdout: str | None) -> jnp.ndarray:
@@ -377,12 +409,50 @@ def _with_materialized_jacobian(fn):
     return wrapped
 
 
+def _gaussian_residuals(theta, static, args):
+    """`GAUSSIAN_PRIORS` as residual rows, weighed as a Gaussian likelihood of the data
+    would weigh them: z sigma_d / sqrt(N) for a prior's z-score, sigma_d = `RESIDUAL_SCALE`
+    and N the number of row groups with a weighted row. A group (one model, chip, layout and
+    engine across batch sizes) shares its model error, so groups, not rows, count as the
+    independent observations. Only terms that some weighted row uses have rows (a held-out
+    family's have none)."""
+    dynamic, weights, own = args
+    problem = eqx.combine(dynamic, static)
+    params = _flat_prior()[1](theta)
+    bounds = np.cumsum((0,) + problem.group_sizes)
+    used = jnp.stack([jnp.any(weights[a:b] > 0) for a, b in zip(bounds[:-1], bounds[1:],
+                                                                strict=True)]) * 1.0
+    scale = RESIDUAL_SCALE / jnp.sqrt(jnp.sum(used))
+    chip_used = [[] for _ in range(problem.hbm_scale.shape[0])]
+    chip_family = [-1] * problem.hbm_scale.shape[0]
+    pair_used = {}
+    for g, group in enumerate(problem.groups):
+        chip_used[problem.group_chip[g]].append(used[g])
+        chip_family[problem.group_chip[g]] = group.family
+        if group.runtime >= 0 and group.family >= 0:
+            pair_used.setdefault((group.runtime, group.family), []).append(used[g])
+    rows = []
+    centre, width = GAUSSIAN_PRIORS["per_hbm_byte"]
+    for c, family in enumerate(chip_family):
+        delta = params.family_delta[family, 1] * own[family] if family >= 0 else 0.0
+        on = jnp.max(jnp.stack(chip_used[c])) * (own[family] if family >= 0 else 1.0)
+        log_energy = params.log_fraction[1] + delta + problem.hbm_scale[c]
+        rows.append(on * (log_energy - math.log(centre)) / width)
+    centre, width = GAUSSIAN_PRIORS["kernel_efficiency"]
+    for (run, family), flags in sorted(pair_used.items()):
+        on = jnp.max(jnp.stack(flags)) * own[family]
+        log_kernel = jax.nn.log_sigmoid(params.logit_kernel[run, family])
+        rows.append(on * (log_kernel - math.log(centre)) / width)
+    return scale * jnp.stack(rows)
+
+
 def _residual_fn(static):
     data = _with_materialized_jacobian(lambda t, a: _data_residuals(t, static, a))
 
     def fn(theta, args):
         prior, _, scale = _flat_prior()
-        return jnp.concatenate([data(theta, args), scale * (theta - prior)])
+        return jnp.concatenate([data(theta, args), scale * (theta - prior),
+                                _gaussian_residuals(theta, static, args)])
 
     return fn
 
@@ -399,15 +469,17 @@ def residuals(params: PowerParams, problem: PowerProblem, weights=None,
               holdout: str | None = None) -> jnp.ndarray:
     """The fit's residual vector: weighted `robust` log residuals of power per GPU, then
     of J per output token (problem order; 0 for unweighted rows), then the prior rows
-    (`REGULARISATION`). Half its sum of squares is the loss `fit_power` minimises: the
-    weighted mean Huber loss plus the regularisation. Differentiable (forward mode, the
-    derivative the solver uses).
+    (`REGULARISATION`), then the physical priors (`GAUSSIAN_PRIORS`: each measured chip's
+    energy per HBM byte, then each (engine, family) kernel efficiency with rows). Half its
+    sum of squares is the loss `fit_power` minimises: the weighted mean Huber loss plus the
+    regularisation and the priors. Differentiable (forward mode, the derivative the solver
+    uses).
 
     Args:
         params, problem, weights, holdout: as `fit_power`.
 
     Returns:
-        Array (2 rows + number of parameters,).
+        Array (2 rows + number of parameters + measured chips + fitted kernel pairs,).
 
     Raises:
         ValueError: weights of the wrong shape; an unknown `holdout`.
@@ -439,7 +511,8 @@ class PowerFit(eqx.Module):
 
     params: PowerParams
     loss: jnp.ndarray
-    """Mean Huber loss of the weighted rows plus the regularisation, at `params`."""
+    """Mean Huber loss of the weighted rows plus the regularisation and the
+    `GAUSSIAN_PRIORS`, at `params`."""
     steps: jnp.ndarray
     """Levenberg-Marquardt steps taken."""
     result: RESULTS
