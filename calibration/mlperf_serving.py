@@ -82,6 +82,8 @@ MAX_STEPS = 20_000
 #: DeepSeek-R1's outputs reach 20,000 tokens (one engine step each).
 MAX_STEPS_LONG = 45_000
 METRICS = ("ttft50", "ttft99", "tpot50", "tpot99")
+#: Mean input tokens per model (`--input` overrides one for a sensitivity run).
+INPUT = dict(ASSUMED_INPUT)
 
 
 def output_lengths(model: str, num: int, rng: np.random.Generator) -> np.ndarray:
@@ -123,7 +125,7 @@ def requests_for(row: dict, replicas: int, seed: int = 0):
     num = int(np.clip(np.ceil(4.0 * rate * e2e_bound), MIN_REQUESTS, MAX_REQUESTS))
     gaps = rng.gamma(float(replicas), 1.0 / (replicas * rate), size=num - 1)
     arrival = np.concatenate([[0.0], np.cumsum(gaps)])
-    inputs = np.full(num, ASSUMED_INPUT[row["model"]])
+    inputs = np.full(num, INPUT[row["model"]])
     outputs = output_lengths(row["model"], num, rng)
     scored = (arrival >= 0.3 * arrival[-1]) & (arrival <= 0.7 * arrival[-1])
     return sim.trace(arrival, inputs, outputs, size=MAX_REQUESTS), np.concatenate(
@@ -222,8 +224,10 @@ def medians(results: list[dict]) -> dict:
                for k, v in errors.items()}}
 
 
-def run_mlperf(limit: int | None = None, progress=print) -> dict:
+def run_mlperf(limit: int | None = None, models=(), progress=print) -> dict:
     rows, skipped = mlperf_rows()
+    if models:
+        rows = [r for r in rows if r["model"] in models]
     if limit is not None:
         rows = rows[:limit]
     cache, results = {}, []
@@ -390,8 +394,17 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", default=str(ROOT / "docs" / "mlperf_serving.png"))
     parser.add_argument("--limit", type=int, help="only the first N rows (a quick look)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the TRT-LLM sweep")
+    parser.add_argument("--models", nargs="*", default=(), help="only these model presets")
+    parser.add_argument("--input", action="append", default=[], metavar="MODEL=TOKENS",
+                        help="override a model's assumed mean input (a sensitivity run)")
     args = parser.parse_args(argv)
-    out = run_mlperf(args.limit)
+    for item in args.input:
+        name, _, tokens = item.partition("=")
+        if name not in INPUT:
+            parser.error(f"--input: unknown model {name!r}; known: {', '.join(INPUT)}")
+        INPUT[name] = float(tokens)
+    out = run_mlperf(args.limit, args.models)
+    out["assumed_input"] = dict(INPUT)
     if not args.no_sweep:
         out["trtllm_sweep"] = run_sweep()
     pathlib.Path(args.json).write_text(json.dumps(out, indent=1, default=float) + "\n")
