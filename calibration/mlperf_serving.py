@@ -260,8 +260,9 @@ def run_mlperf(limit: int | None = None, models=(), progress=print) -> dict:
 
 SWEEP_MODELS = {"LLaMA 3.1 70B": "llama-3.1-70b", "LLaMA 3.1 8B": "llama-3.1-8b"}
 SWEEP_CHIPS = {"H100 80GB HBM3": "h100", "H200 131GB HBM3": "h200"}
-#: trtllm-build defaults (`--max_batch_size 2048`, `--max_num_tokens 8192`), the engine
-#: limits of a table that states no others.
+#: The engine limits of a table that states none: trtllm-build's `BuildConfig` defaults as
+#: recalled (max_batch_size 2048, max_num_tokens 8192; UNVERIFIED against the v0.14 source).
+#: The batch cap never binds at the table's 500 requests; the token budget does.
 SWEEP_SEQS, SWEEP_BUDGET = 2048.0, 8192.0
 
 
