@@ -1,0 +1,79 @@
+"""`calibration/mlperf_serving.py`: its row mapping and length assumptions are well formed,
+and one small row simulates to finite latencies."""
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "calibration"))
+
+import mlperf_serving as ms  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows():
+    rows, _ = ms.mlperf_rows()
+    return rows
+
+
+def test_every_kept_row_maps_to_an_engine_that_holds_the_system(rows):
+    assert len(rows) > 100
+    for row in rows:
+        model, chip, design, framework, replicas = ms.engine(row)
+        assert framework in ("trt", "vllm")
+        assert replicas >= 1 and replicas * design.layout.tp <= row["accelerators"]
+        assert row["ttft_limit"] > 0.1 and 0.005 < row["tpot_limit"] < 0.5
+        assert row["scenario"] in ("Server", "Interactive")
+
+
+def test_nvidia_llama2_layout_is_the_submitted_one(rows):
+    # NVIDIA's v4.1 Llama-2-70B Server configuration: H100 TP2, H200 TP1, FP8 weights.
+    for chip, tp in (("h100", 2), ("h200", 1)):
+        row = next(r for r in rows if r["model"] == "llama-2-70b" and r["chip"] == chip
+                   and "TensorRT" in r["software"])
+        _, _, design, framework, _ = ms.engine(row)
+        assert (design.layout.tp, framework, design.precision.names[0]) == (tp, "trt", "fp8")
+
+
+def test_lengths_follow_the_data_sets():
+    rng = np.random.default_rng(1)
+    r1 = ms.output_lengths("deepseek-r1", 20000, rng)
+    # The documented percentiles (report.txt: median 2108, cap 20000, mean about 3.8-3.9k).
+    assert 125 <= r1.min() and r1.max() <= 20000
+    assert abs(np.median(r1) / 2108 - 1) < 0.05
+    assert abs(r1.mean() / 3886.2 - 1) < 0.1
+    fixed = ms.output_lengths("llama-2-70b", 10, rng)
+    assert np.all(fixed == 294.0)
+
+
+def test_requests_share_a_poisson_stream_round_robin(rows):
+    row = next(r for r in rows if r["accelerators"] >= 8 and r["model"] == "llama-2-70b")
+    requests, scored = ms.requests_for(row, replicas=4, seed=3)
+    valid = np.asarray(requests.valid)
+    arrival = np.asarray(requests.arrival)[valid]
+    assert ms.MIN_REQUESTS <= valid.sum() <= ms.MAX_REQUESTS
+    assert np.all(np.diff(arrival) >= 0)
+    # Every 4th arrival of a Poisson stream at rate qps: mean gap 4 / qps, CV 1/2.
+    gaps = np.diff(arrival)
+    assert abs(gaps.mean() * row["qps"] / 4 - 1) < 0.1
+    assert abs(gaps.std() / gaps.mean() - 0.5) < 0.1
+    assert 0.3 < scored.sum() / valid.sum() < 0.5 and not np.any(scored & ~valid)
+
+
+def test_dedupe_merges_only_identical_systems(rows):
+    keys = {ms.dedupe_key(r) for r in rows}
+    assert len(rows) / 3 < len(keys) < len(rows)
+
+
+@pytest.mark.slow
+def test_one_small_row_gives_finite_latencies(rows):
+    # Compiles the simulator for one structure (~10 s on 2 cores).
+    row = min((r for r in rows if r["model"] == "llama-3.1-8b"), key=lambda r: r["qps"])
+    out = ms.predict_row(row)
+    for key in ms.METRICS:
+        assert np.isfinite(out[key]) and out[key] > 0, key
+    assert out["ttft50"] <= out["ttft99"] and out["tpot50"] <= out["tpot99"]
+    assert out["seqs"] in ms.SEQS
