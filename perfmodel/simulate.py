@@ -326,6 +326,7 @@ class _State(eqx.Module):
     queue_end: jnp.ndarray
     lo: jnp.ndarray
     overflow: jnp.ndarray
+    remaining: jnp.ndarray
 
 
 #: `_State` fields with one entry per request (the window slices them).
@@ -335,11 +336,28 @@ _PER_REQUEST = ("arrival", "computed", "generated", "running", "finished", "admi
 
 
 def _in_order(mask, key):
-    """Permutation putting `mask` entries first, by ascending `key` (finite where `mask`),
-    and its inverse."""
-    order = jnp.argsort(jnp.where(mask, key, jnp.inf), stable=True)
-    back = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
-    return order, back
+    """Whether each row's `mask` entries are in ascending `key` order already (ties by
+    index), and a function giving permutations that put them so (shape (K, W) for K rows)
+    and their inverses. The entries outside `mask` may lie anywhere: every use masks them
+    out.
+
+    The scheduler runs in index order unless a preemption or a closed loop reordered the
+    requests: the sort and the gathers are most of a step's time on CPU, so they run only
+    when needed (under a `vmap` over policies the branches become a select and they
+    always run).
+    """
+    masked = jnp.where(mask, key, -jnp.inf)
+    previous = jnp.concatenate([jnp.full(mask.shape[:-1] + (1,), -jnp.inf),
+                                jax.lax.cummax(masked, axis=mask.ndim - 1)[..., :-1]], axis=-1)
+    ordered = jnp.all(~mask | (key >= previous))
+
+    def sort():
+        index = jnp.broadcast_to(jnp.arange(mask.shape[-1]), mask.shape)
+        order = jnp.argsort(jnp.where(mask, key, jnp.inf), axis=-1, stable=True)
+        return order, jnp.put_along_axis(jnp.zeros_like(order), order, index, axis=-1,
+                                         inplace=False)
+
+    return ordered, sort
 
 
 def _validate(model, chip, design, policy, requests):
@@ -378,7 +396,7 @@ def _checked(policy: Policy) -> Policy:
 
 def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests: Requests,
              *, max_steps: int = 100_000, hard: bool = True,
-             vectorize: bool = True, window: int | None = None) -> Result:
+             vectorize: bool = True, window: int | str | None = None) -> Result:
     """Simulate engine instances serving `requests` under `policy`: one, or
     `design.layout.replicas` behind a round-robin router (`_replicated`).
 
@@ -401,7 +419,10 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
             one (in index order: sort open-loop requests by arrival, as the builders do)
             instead of all N, which makes a step's time independent of N. Exact while
             the running requests and the head of the queue lie within it; when they may
-            not, `Result.window_overflow` is True. None: all requests.
+            not, `Result.window_overflow` is True. None: all requests. "auto": the
+            smallest of `AUTO_WINDOW` x 2^k that does not overflow (each compiled once,
+            an overflowing run stopped at its first overflow), found when the policy and
+            requests are concrete values; traced (under `jit` or `vmap`), all requests.
 
     Returns:
         `Result` (see `summarize`).
@@ -414,17 +435,50 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
     Queue order uses float keys of size steps x requests: run with `jax_enable_x64` (as the
     package's tests and command line do) for long simulations.
     """
+    kw = dict(max_steps=max_steps, hard=hard, vectorize=vectorize)
+    if isinstance(window, str):
+        return _auto_window(_simulate_compiled, model, chip, design, policy, requests, window,
+                            **kw)
+    return _simulate(model, chip, design, policy, requests, window=window, **kw)
+
+
+#: First window `window="auto"` tries (requests).
+AUTO_WINDOW = 256
+
+
+def _auto_window(run, model, chip, design, policy, requests, window, **kw):
+    if window != "auto":
+        raise ValueError(f"window must be an int, None or 'auto', got {window!r}")
+    _validate(model, chip, design, policy, requests)
+    n = requests.size
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(
+            (chip, design, policy, requests))):
+        return _simulate(model, chip, design, policy, requests, window=None, **kw)
+    width = min(n, AUTO_WINDOW)
+    while True:
+        result = run(model, chip, design, policy, requests, window=width,
+                     stop_on_overflow=width < n, **kw)
+        if width >= n or not bool(result.window_overflow):
+            return result
+        width = min(2 * width, n)
+
+
+def _simulate(model, chip, design, policy, requests, *, max_steps, hard, vectorize, window,
+              stop_on_overflow=False):
     _validate(model, chip, design, policy, requests)
     policy = _checked(policy)
     layout = design.layout
+    args = (max_steps, hard, vectorize, window, stop_on_overflow)
     if isinstance(layout, Layout) and layout.replicas > 1:
-        return _replicated(model, chip, design, policy, requests, max_steps, hard, vectorize,
-                           window)
-    return _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
-                     window)
+        return _replicated(model, chip, design, policy, requests, *args)
+    return _instance(model, chip, design, policy, requests, *args)
 
 
-def _replicated(model, chip, design, policy, requests, max_steps, hard, vectorize, window):
+_simulate_compiled = eqx.filter_jit(_simulate)
+
+
+def _replicated(model, chip, design, policy, requests, max_steps, hard, vectorize, window,
+                stop_on_overflow):
     """R = `design.layout.replicas` engine instances behind a round-robin router: request i
     goes to instance i mod R (in arrival order; closed-loop clients stay on one instance),
     each instance simulated alone (one `vmap` over them), the per-request records put
@@ -457,7 +511,8 @@ def _replicated(model, chip, design, policy, requests, max_steps, hard, vectoriz
     def serve(arrival, input_len, output_len, valid):
         part = Requests(arrival=arrival, input_len=input_len, output_len=output_len,
                         valid=valid, think_time=requests.think_time, clients=clients)
-        return _instance(model, chip, one, policy, part, max_steps, hard, vectorize, window)
+        return _instance(model, chip, one, policy, part, max_steps, hard, vectorize, window,
+                         stop_on_overflow)
 
     out = jax.vmap(serve)(*arrays)
 
@@ -474,7 +529,8 @@ def _replicated(model, chip, design, policy, requests, max_steps, hard, vectoriz
                   window_overflow=jnp.any(out.window_overflow))
 
 
-def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize, window):
+def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize, window,
+              stop_on_overflow):
     """`simulate` of one engine instance (the loop)."""
     n = requests.size
     bs = policy.block_size
@@ -495,26 +551,27 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                   preemptions=zeros, busy=jnp.asarray(0.0), energy=jnp.asarray(0.0),
                   area=jnp.asarray(0.0), stuck=jnp.asarray(False), cached_at=zeros,
                   cached_blocks=zeros, evicted=jnp.asarray(0.0), queue_end=kv_blocks,
-                  lo=jnp.asarray(0), overflow=jnp.asarray(False))
+                  lo=jnp.asarray(0), overflow=jnp.asarray(False),
+                  remaining=jnp.sum(valid))
     width = n if window is None else min(window, n)
     index = jnp.arange(n)
+    index_w = jnp.arange(width)
+    # Open loop, the requests past the window are untouched: their arrivals (inf for
+    # padding) sorted, a search and prefix sums replace a pass over all N every step.
+    arrival_valid = jnp.where(valid, requests.arrival, jnp.inf)
+    arrival_sorted = jnp.all(arrival_valid[1:] >= arrival_valid[:-1])
+    arrival_sums = jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.where(
+        valid, requests.arrival, 0.0))])
 
     def blocks(tokens):
         return jnp.ceil(tokens / bs)
 
-    def body(g: _State) -> _State:
-        # The step sees `width` requests from the first unfinished one (all by default).
-        offset = jnp.minimum(g.lo, n - width)
-
-        def cut(x):
-            return jax.lax.dynamic_slice_in_dim(x, offset, width)
-
-        s = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], g,
-                        [cut(getattr(g, f)) for f in _PER_REQUEST])
-        s = eqx.tree_at(lambda st: st.queue_key, s, jnp.where(
-            jnp.isinf(s.queue_key) & (s.arrival <= g.t), s.arrival, s.queue_key))
-        inputs_w, outputs_w = cut(inputs), cut(outputs)
+    def step(s: _State, offset, inputs_w, outputs_w, full) -> _State:
+        """One engine step on the window state `s` (its requests from `offset`); `full`:
+        the arrivals and finished flags of all N (closed loop), else None."""
         t = s.t
+        s = eqx.tree_at(lambda st: st.queue_key, s, jnp.where(
+            jnp.isinf(s.queue_key) & (s.arrival <= t), s.arrival, s.queue_key))
         target = inputs_w + s.generated            # tokens whose KV precede the next sample
         waiting = ~s.finished & ~s.running & (s.arrival <= t)
         # Prefix caching: freed blocks form a queue reused from its front (vLLM's free block
@@ -526,36 +583,58 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         start = jnp.where(waiting, jnp.minimum(hit * bs, target - 1.0), s.computed)
         hit = jnp.where(waiting, jnp.floor(start / bs), 0.0)
         demand = jnp.minimum(target - start, cap)
-        # 1. Running requests, oldest admission first, share the token budget.
-        order, back = _in_order(s.running, s.admitted_at)
-        run_sorted = s.running[order]
-        want = jnp.where(run_sorted, demand[order], 0.0)
-        before = jnp.cumsum(want) - want
-        alloc_sorted = jnp.clip(budget - before, 0.0, want)
-        # 2. KV: the longest prefix whose blocks fit survives; the rest is preempted.
-        need = jnp.where(run_sorted, blocks(s.computed[order] + alloc_sorted), 0.0)
-        keep_sorted = run_sorted & (jnp.cumsum(need) <= kv_blocks)
-        keep = keep_sorted[back]
-        preempted = s.running & ~keep
-        alloc = jnp.where(keep_sorted, alloc_sorted, 0.0)[back]
-        used = jnp.sum(jnp.where(keep, blocks(s.computed + alloc), 0.0))
-        # 3. Waiting requests, first come first served, while budget, seats and KV last.
-        worder, wback = _in_order(waiting, s.queue_key)
-        wait_sorted = waiting[worder]
-        left = budget - jnp.sum(alloc)
-        wwant = jnp.where(wait_sorted, demand[worder], 0.0)
-        wbefore = jnp.cumsum(wwant) - wwant
-        walloc = jnp.clip(left - wbefore, 0.0, wwant)
-        reserve = blocks(target[worder]) if policy.reserve_full_prompt else \
-            blocks(start[worder] + walloc)
-        rank = jnp.cumsum(wait_sorted) - 1.0
-        fits = (wait_sorted & (rank < policy.max_num_seqs - jnp.sum(keep))
-                & (wbefore < left)
-                & (jnp.cumsum(jnp.where(wait_sorted, reserve, 0.0)) <= kv_blocks - used)
-                & ~jnp.any(preempted))
-        admit_sorted = jnp.cumprod(fits) > 0
-        admitted = admit_sorted[wback]
-        alloc = alloc + jnp.where(admit_sorted, walloc, 0.0)[wback]
+        ordered, sort = _in_order(jnp.stack([s.running, waiting]),
+                                  jnp.stack([s.admitted_at, s.queue_key]))
+
+        def schedule(orders):
+            """Steps 1-3 with the running and waiting requests in the order `orders`
+            gives (permutations and inverses); None: index order."""
+            def take(x, perm):
+                return x if perm is None else x[perm]
+
+            (order, worder), (back, wback) = orders if orders is not None else \
+                ((None, None), (None, None))
+            # 1. Running requests, oldest admission first, share the token budget.
+            run_sorted = take(s.running, order)
+            want = jnp.where(run_sorted, take(demand, order), 0.0)
+            before = jnp.cumsum(want) - want
+            alloc_sorted = jnp.clip(budget - before, 0.0, want)
+            # 2. KV: the longest prefix whose blocks fit survives; the rest is preempted.
+            need = jnp.where(run_sorted, blocks(take(s.computed, order) + alloc_sorted), 0.0)
+            keep_sorted = run_sorted & (jnp.cumsum(need) <= kv_blocks)
+            keep = take(keep_sorted, back)
+            preempted = s.running & ~keep
+            alloc = take(jnp.where(keep_sorted, alloc_sorted, 0.0), back)
+            used = jnp.sum(jnp.where(keep, blocks(s.computed + alloc), 0.0))
+            # 3. Waiting requests, first come first served, while budget, seats and KV last.
+            wait_sorted = take(waiting, worder)
+            left = budget - jnp.sum(alloc)
+            wwant = jnp.where(wait_sorted, take(demand, worder), 0.0)
+            # One prefix sum of three rows (XLA:CPU pays per operation).
+            if policy.reserve_full_prompt:
+                wsums = jnp.cumsum(jnp.stack([wwant, wait_sorted.astype(float), jnp.where(
+                    wait_sorted, blocks(take(target, worder)), 0.0)]), axis=1)
+                wbefore = wsums[0] - wwant
+                walloc = jnp.clip(left - wbefore, 0.0, wwant)
+            else:
+                wsums = jnp.cumsum(jnp.stack([wwant, wait_sorted.astype(float)]), axis=1)
+                wbefore = wsums[0] - wwant
+                walloc = jnp.clip(left - wbefore, 0.0, wwant)
+                wsums = jnp.concatenate([wsums, jnp.cumsum(jnp.where(
+                    wait_sorted, blocks(take(start, worder) + walloc), 0.0))[None]])
+            rank = wsums[1] - 1.0
+            fits = (wait_sorted & (rank < policy.max_num_seqs - jnp.sum(keep))
+                    & (wbefore < left) & (wsums[2] <= kv_blocks - used)
+                    & ~jnp.any(preempted))
+            admit_sorted = (jnp.cumprod(fits | ~wait_sorted) > 0) & wait_sorted
+            admitted = take(admit_sorted, wback)
+            alloc = alloc + take(jnp.where(admit_sorted, walloc, 0.0), wback)
+            position = index_w if back is None else back
+            return (keep, preempted, alloc, used, left, walloc, admitted,
+                    take(rank, wback), position.astype(float))
+
+        keep, preempted, alloc, used, left, walloc, admitted, rank, position = jax.lax.cond(
+            ordered, lambda: schedule(None), lambda: schedule(sort()))
         # 4. Cost the step's mix with the core model.
         computed = jnp.where(preempted, 0.0, jnp.where(admitted, start, s.computed))
         decode = (alloc > 0) & (target - computed == 1.0) & (s.generated > 0)
@@ -573,8 +652,24 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         _, cost = _capped_step(model, chip, design, layout, kw, 24.0, hard, vectorize)
         work = jnp.any(alloc > 0)
         dt = jnp.where(work, cost.time, 0.0)
-        pending = ~g.finished & (g.arrival > t)
-        next_arrival = jnp.min(jnp.where(pending, g.arrival, jnp.inf))
+        beyond_start = offset + width
+        if follower is None:
+            # Past the window (sorted arrivals): [beyond_start, arrived) have arrived by t.
+            arrived = jnp.maximum(jnp.searchsorted(arrival_valid, t, side="right",
+                                                   method="scan_unrolled"), beyond_start)
+            next_beyond = jnp.where(arrived < n, arrival_valid[jnp.minimum(arrived, n - 1)],
+                                    jnp.inf)
+            # Unsorted, all N are scanned (from the constant arrivals: reading the state's
+            # arrays beside updating them in place would copy them every step).
+            next_beyond = jax.lax.cond(arrival_sorted, lambda: next_beyond, lambda: jnp.min(
+                jnp.where((index >= beyond_start) & (arrival_valid > t), arrival_valid,
+                          jnp.inf)))
+            next_arrival = jnp.minimum(next_beyond, jnp.min(jnp.where(
+                ~s.finished & (s.arrival > t), s.arrival, jnp.inf)))
+        else:
+            arrival_all, finished_all = full
+            pending = ~finished_all & (arrival_all > t)
+            next_arrival = jnp.min(jnp.where(pending, arrival_all, jnp.inf))
         end = jnp.where(work, t + dt, jnp.where(jnp.isinf(next_arrival), t,
                                                 jnp.maximum(next_arrival, t)))
         stuck = ~work & jnp.isinf(next_arrival)
@@ -584,12 +679,33 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         sampled = running & (alloc > 0) & (computed >= target)
         generated = s.generated + sampled
         done = running & (generated >= outputs_w)
-        present = ~g.finished & (g.arrival < end)
-        area = g.area + jnp.sum(jnp.where(present, end - jnp.maximum(g.arrival, t), 0.0))
+        present = ~s.finished & (s.arrival < end)
+        area = s.area + jnp.sum(jnp.where(present, end - jnp.maximum(s.arrival, t), 0.0))
+        if follower is None:
+            def area_beyond():
+                # [beyond_start, arrived) wait the whole step, [arrived, until) arrive in it.
+                until = jnp.maximum(jnp.searchsorted(arrival_valid, end, side="left",
+                                                     method="scan_unrolled"), arrived)
+                return ((arrived - beyond_start) * (end - t) + (until - arrived) * end
+                        - (arrival_sums[until] - arrival_sums[arrived]))
+
+            def scan_beyond():
+                late = index >= beyond_start
+                return (jnp.sum(jnp.where(late & (arrival_valid < end),
+                                          end - jnp.maximum(arrival_valid, t), 0.0)),
+                        jnp.any(late & (arrival_valid <= t)))
+
+            extra, waits_beyond = jax.lax.cond(
+                arrival_sorted, lambda: (area_beyond(), arrived > beyond_start), scan_beyond)
+            area = area + extra
+        else:
+            beyond = (index >= beyond_start) & ~finished_all
+            area = area + jnp.sum(jnp.where(beyond & (arrival_all < end),
+                                            end - jnp.maximum(arrival_all, t), 0.0))
+            waits_beyond = jnp.any(beyond & (arrival_all <= t))
         # A window too narrow: requests past it wait while it admitted all it saw and had
         # budget and seats to spare (the full simulation would have looked further).
-        beyond = (index >= offset + width) & ~g.finished & (g.arrival <= t)
-        overflow = g.overflow | (jnp.any(beyond) & ~jnp.any(waiting & ~admitted)
+        overflow = s.overflow | (waits_beyond & ~jnp.any(waiting & ~admitted)
                                  & (left - jnp.sum(walloc) > 0) & ~jnp.any(preempted)
                                  & (jnp.sum(keep | admitted) < policy.max_num_seqs))
         num_admitted = jnp.sum(admitted)
@@ -607,11 +723,11 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         # Preempted requests go to the front of the queue, the latest preemption first and,
         # within one step, the oldest admission first (vLLM: popped from the tail of the
         # running list and pushed to the front of the waiting queue one by one).
-        front = -(s.step + 1.0) * (n + 1.0) + back.astype(float)
+        front = -(s.step + 1.0) * (n + 1.0) + position
         new = _State(
             t=end, step=s.step + 1, arrival=s.arrival, computed=computed,
             generated=generated, running=running & ~done, finished=s.finished | done,
-            admitted_at=jnp.where(admitted, s.counter + rank[wback], s.admitted_at),
+            admitted_at=jnp.where(admitted, s.counter + rank, s.admitted_at),
             queue_key=jnp.where(preempted, front, s.queue_key),
             counter=s.counter + num_admitted,
             scheduled=jnp.where(admitted & jnp.isinf(s.scheduled), t, s.scheduled),
@@ -619,20 +735,52 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             finish=jnp.where(done, end, s.finish), preemptions=s.preemptions + preempted,
             busy=s.busy + dt, energy=s.energy + jnp.where(work, cost.dynamic_energy, 0.0),
             area=area, stuck=stuck, cached_at=cached_at, cached_blocks=cached_blocks,
-            evicted=s.evicted + taken, queue_end=queue_end, lo=g.lo, overflow=overflow)
-        new = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], new,
-                          [jax.lax.dynamic_update_slice_in_dim(getattr(g, f), getattr(new, f),
-                                                               offset, 0)
-                           for f in _PER_REQUEST])
-        if follower is not None:
-            ended = jnp.zeros(n, bool).at[offset + jnp.arange(width)].set(done)
-            new = eqx.tree_at(lambda st: st.arrival, new, new.arrival.at[follower].min(
-                jnp.where(ended, end + requests.think_time, jnp.inf), mode="drop"))
-        # The first unfinished request (finished ones never return).
-        return eqx.tree_at(lambda st: st.lo, new, jnp.argmin(new.finished))
+            evicted=s.evicted + taken, queue_end=queue_end, overflow=overflow,
+            remaining=s.remaining - jnp.sum(done),
+            # The first unfinished request (finished ones never return; past the window
+            # none has finished, padding aside).
+            lo=jnp.where(jnp.all(s.finished | done), beyond_start,
+                         offset + jnp.argmin(s.finished | done)))
+        return new
 
     def cond(s: _State):
-        return (s.step < max_steps) & ~jnp.all(s.finished) & ~s.stuck
+        more = (s.step < max_steps) & (s.remaining > 0) & ~s.stuck
+        return more & ~s.overflow if stop_on_overflow else more
+
+    # Steps run on the window's arrays (an inner loop, O(width) a step); the window moves,
+    # its arrays written back into the N-long records, once its first unfinished request
+    # is `slack` in (or, closed loop, after every step, to send the clients' next requests).
+    slack = max(1, width // 8)
+
+    def body(g: _State) -> _State:
+        offset = jnp.minimum(g.lo, n - width)
+
+        def cut(x):
+            return jax.lax.dynamic_slice_in_dim(x, offset, width)
+
+        w = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], g,
+                        [cut(getattr(g, f)) for f in _PER_REQUEST])
+        inputs_w, outputs_w = cut(inputs), cut(outputs)
+        full = None if follower is None else (g.arrival, g.finished)
+        movable = offset < n - width
+
+        def inner_cond(s):
+            more = cond(s) & ((s.lo - offset < slack) | ~movable)
+            return more if follower is None else more & (s.step == g.step)
+
+        w = jax.lax.while_loop(inner_cond,
+                               lambda s: step(s, offset, inputs_w, outputs_w, full), w)
+        # Open loop, arrivals never change: not written back.
+        updated = _PER_REQUEST if follower is not None else _PER_REQUEST[1:]
+        new = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], w,
+                          [jax.lax.dynamic_update_slice_in_dim(getattr(g, f), getattr(w, f),
+                                                               offset, 0)
+                           if f in updated else getattr(g, f) for f in _PER_REQUEST])
+        if follower is not None:
+            ended = new.finished & ~g.finished
+            new = eqx.tree_at(lambda st: st.arrival, new, new.arrival.at[follower].min(
+                jnp.where(ended, new.t + requests.think_time, jnp.inf), mode="drop"))
+        return new
 
     s = jax.lax.while_loop(cond, body, init)
     return Result(arrival=s.arrival, scheduled=s.scheduled, first_token=s.first_token,
@@ -643,7 +791,16 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                   chips=jnp.asarray(design.chips, dtype=float), window_overflow=s.overflow)
 
 
-simulate_jit = eqx.filter_jit(simulate)
+def simulate_jit(model: Model, chip: Chip, design: Design, policy: Policy,
+                 requests: Requests, *, max_steps: int = 100_000, hard: bool = True,
+                 vectorize: bool = True, window: int | str | None = "auto") -> Result:
+    """`simulate`, compiled (`eqx.filter_jit`), with the window chosen by default
+    (`window="auto"`: the same result as all requests, faster)."""
+    kw = dict(max_steps=max_steps, hard=hard, vectorize=vectorize)
+    if isinstance(window, str):
+        return _auto_window(_simulate_compiled, model, chip, design, policy, requests, window,
+                            **kw)
+    return _simulate_compiled(model, chip, design, policy, requests, window=window, **kw)
 
 
 # ---------------------------------------------------------------------------------------

@@ -395,3 +395,61 @@ def test_replicas_are_round_robin_instances():
     assert int(summary.unfinished) == 0 and 0 < float(summary.utilization) <= 1
     with pytest.raises(ValueError, match="multiple of design.layout.replicas"):
         sim.simulate(MODEL, CHIP, two, policy, sim.closed_loop(3, 12, 64, 8))
+
+
+def _reference_cases():
+    k = jax.random.PRNGKey
+    kvbound = sim.gamma(k(4), 30.0, 1.5, 96,
+                        jax.random.randint(k(2), (96,), 64, 2048).astype(float),
+                        jax.random.randint(k(3), (96,), 16, 300).astype(float))
+    yield "kvbound", sim.Policy(max_num_seqs=32, kv_blocks=400, max_num_batched_tokens=1024,
+                                long_prefill_token_threshold=256), kvbound
+    closed = sim.closed_loop(6, 30, jnp.round(jax.random.uniform(k(1), (30,), minval=200,
+                                                                 maxval=900)), 40.0,
+                             think_time=0.01)
+    yield "closed", sim.Policy(max_num_batched_tokens=512, kv_blocks=200), closed
+    tiny = sim.trace(jnp.zeros(8), jnp.full(8, 200), jnp.full(8, 200))
+    yield "tiny", sim.Policy(max_num_seqs=8, kv_blocks=60), tiny
+
+
+def _reference():
+    import json
+    import pathlib
+    return json.loads((pathlib.Path(__file__).parent / "data"
+                       / "simulate_reference.json").read_text())
+
+
+def _assert_matches(expected, result, name):
+    assert not bool(result.window_overflow)
+    for key, value in expected.items():
+        np.testing.assert_allclose(np.asarray(getattr(result, key), dtype=float), value,
+                                   rtol=1e-9, err_msg=f"{name} {key}")
+
+
+def test_matches_the_reference_implementation():
+    # The step loop skips the sort while requests run in index order: the outcomes must be
+    # those of the plain implementation (recorded in the reference file), here on KV-bound
+    # arrivals with 51 preemptions (sorted steps and index-order steps alternate).
+    name, policy, requests = next(_reference_cases())
+    result = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=20_000)
+    _assert_matches(_reference()[name], result, name)
+
+
+@pytest.mark.slow   # compiles seven loops
+def test_windows_match_the_reference_implementation(monkeypatch):
+    # The moving window steps in an inner loop: with "auto" (its first window made small
+    # here) it grows until it does not overflow and matches the plain implementation, on
+    # KV-bound arrivals, a closed loop and a tiny cache.
+    reference = _reference()
+    monkeypatch.setattr(sim, "AUTO_WINDOW", 24)
+    for name, policy, requests in _reference_cases():
+        for window in (None, "auto"):
+            result = sim.simulate_jit(MODEL, CHIP, DESIGN, policy, requests,
+                                      max_steps=20_000, window=window)
+            _assert_matches(reference[name], result, name)
+    # Too small a fixed window on the KV-bound case changes the schedule and says so.
+    name, policy, requests = next(_reference_cases())
+    narrow = sim.simulate_jit(MODEL, CHIP, DESIGN, policy, requests, max_steps=20_000,
+                              window=8)
+    assert bool(narrow.window_overflow)
+    assert not np.allclose(np.asarray(narrow.finish), reference[name]["finish"])
