@@ -23,6 +23,26 @@ the mix it actually carries:
    prompt and output) completes emits a token at the end of the step, a decode one token.
    With nothing to run, the clock jumps to the next arrival.
 
+The same scheduler runs SGLang's and TensorRT-LLM's policies (`Policy.sglang`,
+`Policy.trtllm`, `engine_defaults`), as options rather than copies:
+
+- Admission may hold KV for what a request will still need (`output_reserve`): all of it
+  for TensorRT-LLM's GUARANTEED_NO_EVICT (admitted only if its prompt and output fit next
+  to what running requests will still need: it never preempts), the new-token ratio share
+  of it for SGLang (`schedule_conservativeness` x 0.7; SGLang lets it decay between
+  retractions, here it is fixed), none for vLLM.
+- Without `mixed_prefill` (SGLang without `enable_mixed_chunk`) a step that can prefill
+  (a running prompt's next chunk, or new requests) carries prefills only, under
+  `chunked_prefill_size`; otherwise the decodes run alone (`Result.mixed_steps` counts the
+  steps that carried both).
+- Without `chunked_prefill` (TensorRT-LLM's default) a request is admitted only when its
+  whole prompt fits in what is left of the step's `max_num_tokens`.
+- A batch wait (`batch_wait`, TensorRT-LLM's `batch_wait_timeout_ms`, and
+  `batch_wait_tokens`, its `batch_wait_max_tokens_ratio`) holds admission until the
+  oldest waiting request has waited that long or the step would carry that share of
+  the budget; it is also the admission-delay knob of policy tuning. TensorRT-LLM counts
+  the wait in iterations or ms since it began; here it runs from the oldest arrival.
+
 Approximations: the survivors of a KV shortage are found in one pass (vLLM preempts the
 tail one by one while it walks the running list; the end state is the same prefix); prefix
 caching keeps a preempted request's freed blocks in one first-in-first-out free queue whose
@@ -71,8 +91,9 @@ from .serving import _capped_step, check_layout
 
 
 class Policy(eqx.Module):
-    """The scheduler's settings (vLLM v1 names); every number an array leaf, so a stack of
-    policies is one `vmap`.
+    """The scheduler's settings (vLLM v1 names; `Policy.sglang` and `Policy.trtllm` map
+    those engines' settings onto them); every number an array leaf, so a stack of policies
+    is one `vmap`. The defaults are vLLM's.
 
     Example:
         >>> Policy(max_num_seqs=0)
@@ -102,12 +123,150 @@ class Policy(eqx.Module):
     """Freed KV blocks stay cached until reused (vLLM `enable_prefix_caching`, its v1
     default): a preempted request readmitted recomputes only what was evicted meanwhile.
     Prefixes shared between requests are not modelled."""
+    output_reserve: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Share of each request's tokens still to come (prompt left and output) whose KV
+    blocks admission holds for it, against its own and later admissions: 0 holds only
+    what is in use (vLLM, TensorRT-LLM MAX_UTILIZATION: preempt when it runs out), 1 the
+    whole prompt and output (TensorRT-LLM GUARANTEED_NO_EVICT: never preempts), SGLang
+    its new-token ratio (a share of the output). The output length is the request's
+    `output_len` (benchmarks set max_tokens to it) (fraction)."""
+    batch_wait: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Admission delay: waiting requests are held until the oldest has waited this long
+    or the step would carry `batch_wait_tokens` x `max_num_batched_tokens` tokens
+    (TensorRT-LLM `batch_wait_timeout_ms`); 0: none (s)."""
+    batch_wait_tokens: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
+    """Tokens of a step, as a share of the budget, that end a `batch_wait` early
+    (TensorRT-LLM `batch_wait_max_tokens_ratio`, where 0 switches the wait off; here
+    `batch_wait` 0 does) (fraction)."""
+    mixed_prefill: bool = eqx.field(static=True, default=True)
+    """Prefill chunks and decodes share a step (vLLM, TensorRT-LLM; SGLang with
+    `enable_mixed_chunk`); else a step that can prefill prefills only, and decodes run in
+    steps of their own (SGLang's default)."""
+    chunked_prefill: bool = eqx.field(static=True, default=True)
+    """A prompt may be split over steps; else a request is admitted only when its whole
+    prompt fits in what is left of the step's budget (TensorRT-LLM without
+    `enable_chunked_prefill`)."""
+    engine: str = eqx.field(static=True, default="vllm")
+    """Which engine these settings describe (a label for reports)."""
 
     def __check_init__(self):
         count = Range(low=1.0, integer=True)
         check(self, {"max_num_seqs": count, "max_num_batched_tokens": count,
                      "long_prefill_token_threshold": Range(low=1.0, infinite=True),
-                     "kv_blocks": Range(low=2.0, infinite=True), "block_size": count})
+                     "kv_blocks": Range(low=2.0, infinite=True), "block_size": count,
+                     "output_reserve": Range(low=0.0, high=1.0),
+                     "batch_wait": NON_NEGATIVE, "batch_wait_tokens": NON_NEGATIVE})
+        if self.engine not in ENGINES:
+            raise ValueError(f"Policy.engine must be one of {', '.join(ENGINES)}, got "
+                             f"{self.engine!r}")
+
+    @staticmethod
+    def vllm(**settings) -> Policy:
+        """vLLM v1's scheduler with its defaults (the `Policy` defaults: `max_num_seqs`
+        256, `max_num_batched_tokens` 2048 as `vllm serve` sets them on a GPU,
+        `vllm/engine/arg_utils.py`; 16-token blocks; prefix caching on); `settings`
+        override fields."""
+        return Policy(**settings)
+
+    @staticmethod
+    def sglang(hbm_capacity=80e9, *, chunked_prefill_size=None, max_running_requests=2048,
+               schedule_conservativeness=1.0, enable_mixed_chunk=False, page_size=1,
+               **settings) -> Policy:
+        """SGLang's scheduler (`sglang/srt/managers/scheduler.py`, `schedule_policy.py`)
+        with its `ServerArgs` defaults, as fields of the same scheduler:
+
+        - `chunked_prefill_size` (tokens per prefill step): None takes SGLang's rule on
+          the GPU's memory (`ServerArgs._handle_chunked_prefill_size`: 2048 under 35 GiB,
+          8192 under 160 GiB, else 16384); it is the step budget, no per-request cap.
+        - `max_running_requests` (requests): SGLang derives it from the KV pool when not
+          given; here 2048 unless given (KV admission binds first on most deployments).
+        - `schedule_conservativeness`: scales the new-token ratio, the share of each
+          request's future output whose KV admission reserves (SGLang's initial ratio 0.7,
+          `SGLANG_INIT_NEW_TOKEN_RATIO`, times it, at most 1; SGLang then lets it decay
+          while nothing is retracted, held fixed here); retraction when KV runs out is
+          the preemption by recompute of the other engines.
+        - `enable_mixed_chunk` (default False): without it a step that can prefill runs
+          prefills alone; decodes run in steps of their own.
+        - `page_size` (tokens per KV page, default 1).
+
+        Args:
+            hbm_capacity: one GPU's memory for the chunk-size rule (bytes).
+            **settings: `Policy` fields to set.
+        """
+        if chunked_prefill_size is None:
+            gib = float(hbm_capacity) / 2**30
+            chunked_prefill_size = 2048 if gib < 35 else 8192 if gib < 160 else 16384
+        ratio = min(0.7 * float(schedule_conservativeness), 1.0)
+        return Policy(**{"max_num_seqs": max_running_requests,
+                         "max_num_batched_tokens": chunked_prefill_size,
+                         "block_size": page_size, "output_reserve": ratio,
+                         "mixed_prefill": bool(enable_mixed_chunk), "engine": "sglang",
+                         **settings})
+
+    @staticmethod
+    def trtllm(*, max_batch_size=2048, max_num_tokens=8192, tokens_per_block=32,
+               capacity_scheduler_policy="GUARANTEED_NO_EVICT", enable_chunked_prefill=False,
+               batch_wait_timeout_ms=0.0, batch_wait_max_tokens_ratio=0.0,
+               **settings) -> Policy:
+        """TensorRT-LLM's in-flight batching scheduler (PyTorch backend, LLM API
+        `TorchLlmArgs`) with its defaults, as fields of the same scheduler:
+
+        - `max_batch_size` 2048 requests and `max_num_tokens` 8192 tokens per step
+          (`BaseLlmArgs`; older releases used other defaults).
+        - `capacity_scheduler_policy`: GUARANTEED_NO_EVICT (the default, "Useful Runtime
+          Options" of the performance tuning guide) admits a request only when the KV of
+          its whole prompt and output fits next to what running requests will still
+          need, and never pauses one; MAX_UTILIZATION packs as many as fit now and
+          pauses (here preempts) when KV runs out.
+        - `enable_chunked_prefill` (default False): without it a context request is
+          scheduled only when its whole prompt fits in the step's budget.
+        - `tokens_per_block` 32 (`KvCacheConfig`).
+        - `batch_wait_timeout_ms` and `batch_wait_max_tokens_ratio` (both 0: off): hold
+          context requests until the step carries that share of `max_num_tokens` or the
+          wait times out (`PyExecutor._waiting_requests`; here measured from the oldest
+          waiting request's arrival).
+
+        Args:
+            **settings: `Policy` fields to set.
+        """
+        policies = {"GUARANTEED_NO_EVICT": 1.0, "MAX_UTILIZATION": 0.0}
+        if capacity_scheduler_policy not in policies:
+            raise ValueError(f"capacity_scheduler_policy must be one of "
+                             f"{', '.join(policies)}, got {capacity_scheduler_policy!r}")
+        ratio = float(batch_wait_max_tokens_ratio)
+        wait = float(batch_wait_timeout_ms) / 1e3 if ratio > 0 else 0.0
+        return Policy(**{"max_num_seqs": max_batch_size,
+                         "max_num_batched_tokens": max_num_tokens,
+                         "block_size": tokens_per_block,
+                         "output_reserve": policies[capacity_scheduler_policy],
+                         "batch_wait": wait, "batch_wait_tokens": ratio,
+                         "chunked_prefill": bool(enable_chunked_prefill), "engine": "trtllm",
+                         **settings})
+
+
+#: Engines whose schedulers `Policy` describes.
+ENGINES = ("vllm", "sglang", "trtllm")
+
+
+def engine_defaults(name: str, chip: Chip | None = None, **settings) -> Policy:
+    """The `Policy` of engine `name` ("vllm", "sglang", "trtllm") with its defaults
+    (`chip`: the GPU whose memory sets SGLang's chunk size; default an 80 GB one);
+    `settings` are that constructor's arguments.
+
+    Example:
+        >>> p = engine_defaults("trtllm")
+        >>> float(p.max_num_batched_tokens), float(p.output_reserve), p.chunked_prefill
+        (8192.0, 1.0, False)
+    """
+    if name == "vllm":
+        return Policy.vllm(**settings)
+    if name == "sglang":
+        if chip is not None:
+            settings.setdefault("hbm_capacity", float(chip.hbm_capacity))
+        return Policy.sglang(**settings)
+    if name == "trtllm":
+        return Policy.trtllm(**settings)
+    raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {name!r}")
 
 
 class Requests(eqx.Module):
@@ -274,6 +433,8 @@ class Result(eqx.Module):
     """Chips of all instances."""
     window_overflow: jnp.ndarray
     """True when a `window` may have hidden a request the engine would have admitted."""
+    mixed_steps: jnp.ndarray
+    """Steps that carried both prefill tokens and decodes."""
 
     @property
     def queue_delay(self):
@@ -327,6 +488,7 @@ class _State(eqx.Module):
     lo: jnp.ndarray
     overflow: jnp.ndarray
     remaining: jnp.ndarray
+    mixed: jnp.ndarray
 
 
 #: `_State` fields with one entry per request (the window slices them).
@@ -383,6 +545,9 @@ _POLICY_CHECKS = (
      "policy.long_prefill_token_threshold must be >= 1 (inf for no cap)"),
     ("kv_blocks", lambda x: x >= 2, "policy.kv_blocks must be >= 2 (inf: from memory)"),
     ("block_size", lambda x: x >= 1, "policy.block_size must be >= 1"),
+    ("output_reserve", lambda x: (x >= 0) & (x <= 1), "policy.output_reserve must be in [0, 1]"),
+    ("batch_wait", lambda x: x >= 0, "policy.batch_wait must be >= 0"),
+    ("batch_wait_tokens", lambda x: x >= 0, "policy.batch_wait_tokens must be >= 0"),
 )
 
 
@@ -526,7 +691,8 @@ def _replicated(model, chip, design, policy, requests, max_steps, hard, vectoriz
                   dynamic_energy=jnp.mean(out.dynamic_energy),
                   in_system_area=jnp.sum(out.in_system_area), steps=jnp.max(out.steps),
                   idle_power=out.idle_power[0], chips=jnp.sum(out.chips),
-                  window_overflow=jnp.any(out.window_overflow))
+                  window_overflow=jnp.any(out.window_overflow),
+                  mixed_steps=jnp.sum(out.mixed_steps))
 
 
 def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize, window,
@@ -537,7 +703,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
     # vLLM's block pool keeps one null block out of use (`BlockPool.null_block`).
     kv_blocks = jnp.where(jnp.isinf(policy.kv_blocks),
                           engine_kv_blocks(model, chip, design, bs), policy.kv_blocks) - 1.0
-    budget = policy.max_num_batched_tokens
+    max_tokens = policy.max_num_batched_tokens
     cap = policy.long_prefill_token_threshold
     inputs, outputs, valid = requests.input_len, requests.output_len, requests.valid
     follower = jnp.arange(n) + requests.clients if requests.clients else None
@@ -552,7 +718,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                   area=jnp.asarray(0.0), stuck=jnp.asarray(False), cached_at=zeros,
                   cached_blocks=zeros, evicted=jnp.asarray(0.0), queue_end=kv_blocks,
                   lo=jnp.asarray(0), overflow=jnp.asarray(False),
-                  remaining=jnp.sum(valid))
+                  remaining=jnp.sum(valid), mixed=jnp.asarray(0))
     width = n if window is None else min(window, n)
     index = jnp.arange(n)
     index_w = jnp.arange(width)
@@ -586,9 +752,20 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         ordered, sort = _in_order(jnp.stack([s.running, waiting]),
                                   jnp.stack([s.admitted_at, s.queue_key]))
 
-        def schedule(orders):
+        total = inputs_w + outputs_w
+        reserve = policy.output_reserve
+
+        def claim(tokens):
+            # Blocks held for a request with `tokens` in KV: those and `reserve` of the rest.
+            return blocks(tokens + reserve * jnp.maximum(total - tokens, 0.0))
+
+        oldest = jnp.min(jnp.where(waiting, s.arrival, jnp.inf))
+        waited = t - oldest >= policy.batch_wait
+
+        def schedule(orders, demand, budget, admit):
             """Steps 1-3 with the running and waiting requests in the order `orders`
-            gives (permutations and inverses); None: index order."""
+            gives (permutations and inverses; None: index order), under a token `budget`,
+            admitting waiting requests when `admit` (static)."""
             def take(x, perm):
                 return x if perm is None else x[perm]
 
@@ -605,7 +782,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             keep = take(keep_sorted, back)
             preempted = s.running & ~keep
             alloc = take(jnp.where(keep_sorted, alloc_sorted, 0.0), back)
-            used = jnp.sum(jnp.where(keep, blocks(s.computed + alloc), 0.0))
+            used = jnp.sum(jnp.where(keep, claim(s.computed + alloc), 0.0))
             # 3. Waiting requests, first come first served, while budget, seats and KV last.
             wait_sorted = take(waiting, worder)
             left = budget - jnp.sum(alloc)
@@ -613,7 +790,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             # One prefix sum of three rows (XLA:CPU pays per operation).
             if policy.reserve_full_prompt:
                 wsums = jnp.cumsum(jnp.stack([wwant, wait_sorted.astype(float), jnp.where(
-                    wait_sorted, blocks(take(target, worder)), 0.0)]), axis=1)
+                    wait_sorted, claim(take(target, worder)), 0.0)]), axis=1)
                 wbefore = wsums[0] - wwant
                 walloc = jnp.clip(left - wbefore, 0.0, wwant)
             else:
@@ -621,20 +798,37 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                 wbefore = wsums[0] - wwant
                 walloc = jnp.clip(left - wbefore, 0.0, wwant)
                 wsums = jnp.concatenate([wsums, jnp.cumsum(jnp.where(
-                    wait_sorted, blocks(take(start, worder) + walloc), 0.0))[None]])
+                    wait_sorted, claim(take(start, worder) + walloc), 0.0))[None]])
             rank = wsums[1] - 1.0
+            room = wbefore < left if policy.chunked_prefill else wbefore + wwant <= left
             fits = (wait_sorted & (rank < policy.max_num_seqs - jnp.sum(keep))
-                    & (wbefore < left) & (wsums[2] <= kv_blocks - used)
-                    & ~jnp.any(preempted))
+                    & room & (wsums[2] <= kv_blocks - used) & ~jnp.any(preempted))
             admit_sorted = (jnp.cumprod(fits | ~wait_sorted) > 0) & wait_sorted
+            # The batch wait: admit once the oldest waited `batch_wait` or the step would
+            # carry enough tokens (TensorRT-LLM `PyExecutor._waiting_requests`).
+            tokens = jnp.sum(alloc) + jnp.sum(jnp.where(admit_sorted, walloc, 0.0))
+            gate = waited | (tokens >= policy.batch_wait_tokens * budget)
+            admit_sorted = admit_sorted & gate & admit
             admitted = take(admit_sorted, wback)
             alloc = alloc + take(jnp.where(admit_sorted, walloc, 0.0), wback)
             position = index_w if back is None else back
             return (keep, preempted, alloc, used, left, walloc, admitted,
-                    take(rank, wback), position.astype(float))
+                    take(rank, wback), position.astype(float), ~gate)
 
-        keep, preempted, alloc, used, left, walloc, admitted, rank, position = jax.lax.cond(
-            ordered, lambda: schedule(None), lambda: schedule(sort()))
+        def plan(orders):
+            if policy.mixed_prefill:
+                return schedule(orders, demand, max_tokens, True)
+            # SGLang: a step that can prefill (chunks of running prompts, new requests)
+            # prefills only; else the decodes run alone, with no token budget.
+            decoding = s.running & (target - s.computed == 1.0) & (s.generated > 0)
+            prefill = schedule(orders, jnp.where(decoding, 0.0, demand), max_tokens, True)
+            decode = schedule(orders, jnp.where(s.running & ~decoding, 0.0, demand),
+                              jnp.inf, False)
+            use = jnp.any(prefill[2] > 0)
+            return jax.tree_util.tree_map(lambda a, b: jnp.where(use, a, b), prefill, decode)
+
+        keep, preempted, alloc, used, left, walloc, admitted, rank, position, held = \
+            jax.lax.cond(ordered, lambda: plan(None), lambda: plan(sort()))
         # 4. Cost the step's mix with the core model.
         computed = jnp.where(preempted, 0.0, jnp.where(admitted, start, s.computed))
         decode = (alloc > 0) & (target - computed == 1.0) & (s.generated > 0)
@@ -670,6 +864,9 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             arrival_all, finished_all = full
             pending = ~finished_all & (arrival_all > t)
             next_arrival = jnp.min(jnp.where(pending, arrival_all, jnp.inf))
+        # Held by the batch wait, an idle engine wakes when the oldest has waited enough.
+        next_arrival = jnp.minimum(next_arrival, jnp.where(
+            held & jnp.any(waiting), oldest + policy.batch_wait, jnp.inf))
         end = jnp.where(work, t + dt, jnp.where(jnp.isinf(next_arrival), t,
                                                 jnp.maximum(next_arrival, t)))
         stuck = ~work & jnp.isinf(next_arrival)
@@ -737,6 +934,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             area=area, stuck=stuck, cached_at=cached_at, cached_blocks=cached_blocks,
             evicted=s.evicted + taken, queue_end=queue_end, overflow=overflow,
             remaining=s.remaining - jnp.sum(done),
+            mixed=s.mixed + ((num_decode > 0) & (prefill_tokens > 0)),
             # The first unfinished request (finished ones never return; past the window
             # none has finished, padding aside).
             lo=jnp.where(jnp.all(s.finished | done), beyond_start,
@@ -788,7 +986,8 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                   finished=valid & jnp.isfinite(s.finish), preemptions=s.preemptions,
                   end_time=s.t, busy_time=s.busy, dynamic_energy=s.energy,
                   in_system_area=s.area, steps=s.step, idle_power=chip.idle_power,
-                  chips=jnp.asarray(design.chips, dtype=float), window_overflow=s.overflow)
+                  chips=jnp.asarray(design.chips, dtype=float), window_overflow=s.overflow,
+                  mixed_steps=s.mixed)
 
 
 def simulate_jit(model: Model, chip: Chip, design: Design, policy: Policy,
