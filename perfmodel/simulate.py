@@ -23,6 +23,26 @@ the mix it actually carries:
    prompt and output) completes emits a token at the end of the step, a decode one token.
    With nothing to run, the clock jumps to the next arrival.
 
+The same scheduler runs SGLang's and TensorRT-LLM's policies (`Policy.sglang`,
+`Policy.trtllm`, `engine_defaults`), as options rather than copies:
+
+- Admission may hold KV for what a request will still need (`output_reserve`): all of it
+  for TensorRT-LLM's GUARANTEED_NO_EVICT (admitted only if its prompt and output fit next
+  to what running requests will still need: it never preempts), the new-token ratio share
+  of it for SGLang (`schedule_conservativeness` x 0.7; SGLang lets it decay between
+  retractions, here it is fixed), none for vLLM.
+- Without `mixed_prefill` (SGLang without `enable_mixed_chunk`) a step that can prefill
+  (a running prompt's next chunk, or new requests) carries prefills only, under
+  `chunked_prefill_size`; otherwise the decodes run alone (`Result.mixed_steps` counts the
+  steps that carried both).
+- Without `chunked_prefill` (TensorRT-LLM's default) a request is admitted only when its
+  whole prompt fits in what is left of the step's `max_num_tokens`.
+- A batch wait (`batch_wait`, TensorRT-LLM's `batch_wait_timeout_ms`, and
+  `batch_wait_tokens`, its `batch_wait_max_tokens_ratio`) holds admission until the
+  oldest waiting request has waited that long or the step would carry that share of
+  the budget; it is also the admission-delay knob of policy tuning. TensorRT-LLM counts
+  the wait in iterations or ms since it began; here it runs from the oldest arrival.
+
 Approximations: the survivors of a KV shortage are found in one pass (vLLM preempts the
 tail one by one while it walks the running list; the end state is the same prefix); prefix
 caching keeps a preempted request's freed blocks in one first-in-first-out free queue whose
@@ -71,8 +91,9 @@ from .serving import _capped_step, check_layout
 
 
 class Policy(eqx.Module):
-    """The scheduler's settings (vLLM v1 names); every number an array leaf, so a stack of
-    policies is one `vmap`.
+    """The scheduler's settings (vLLM v1 names; `Policy.sglang` and `Policy.trtllm` map
+    those engines' settings onto them); every number an array leaf, so a stack of policies
+    is one `vmap`. The defaults are vLLM's.
 
     Example:
         >>> Policy(max_num_seqs=0)
@@ -102,12 +123,150 @@ class Policy(eqx.Module):
     """Freed KV blocks stay cached until reused (vLLM `enable_prefix_caching`, its v1
     default): a preempted request readmitted recomputes only what was evicted meanwhile.
     Prefixes shared between requests are not modelled."""
+    output_reserve: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Share of each request's tokens still to come (prompt left and output) whose KV
+    blocks admission holds for it, against its own and later admissions: 0 holds only
+    what is in use (vLLM, TensorRT-LLM MAX_UTILIZATION: preempt when it runs out), 1 the
+    whole prompt and output (TensorRT-LLM GUARANTEED_NO_EVICT: never preempts), SGLang
+    its new-token ratio (a share of the output). The output length is the request's
+    `output_len` (benchmarks set max_tokens to it) (fraction)."""
+    batch_wait: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Admission delay: waiting requests are held until the oldest has waited this long
+    or the step would carry `batch_wait_tokens` x `max_num_batched_tokens` tokens
+    (TensorRT-LLM `batch_wait_timeout_ms`); 0: none (s)."""
+    batch_wait_tokens: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
+    """Tokens of a step, as a share of the budget, that end a `batch_wait` early
+    (TensorRT-LLM `batch_wait_max_tokens_ratio`, where 0 switches the wait off; here
+    `batch_wait` 0 does) (fraction)."""
+    mixed_prefill: bool = eqx.field(static=True, default=True)
+    """Prefill chunks and decodes share a step (vLLM, TensorRT-LLM; SGLang with
+    `enable_mixed_chunk`); else a step that can prefill prefills only, and decodes run in
+    steps of their own (SGLang's default)."""
+    chunked_prefill: bool = eqx.field(static=True, default=True)
+    """A prompt may be split over steps; else a request is admitted only when its whole
+    prompt fits in what is left of the step's budget (TensorRT-LLM without
+    `enable_chunked_prefill`)."""
+    engine: str = eqx.field(static=True, default="vllm")
+    """Which engine these settings describe (a label for reports)."""
 
     def __check_init__(self):
         count = Range(low=1.0, integer=True)
         check(self, {"max_num_seqs": count, "max_num_batched_tokens": count,
                      "long_prefill_token_threshold": Range(low=1.0, infinite=True),
-                     "kv_blocks": Range(low=2.0, infinite=True), "block_size": count})
+                     "kv_blocks": Range(low=2.0, infinite=True), "block_size": count,
+                     "output_reserve": Range(low=0.0, high=1.0),
+                     "batch_wait": NON_NEGATIVE, "batch_wait_tokens": NON_NEGATIVE})
+        if self.engine not in ENGINES:
+            raise ValueError(f"Policy.engine must be one of {', '.join(ENGINES)}, got "
+                             f"{self.engine!r}")
+
+    @staticmethod
+    def vllm(**settings) -> Policy:
+        """vLLM v1's scheduler with its defaults (the `Policy` defaults: `max_num_seqs`
+        256, `max_num_batched_tokens` 2048 as `vllm serve` sets them on a GPU,
+        `vllm/engine/arg_utils.py`; 16-token blocks; prefix caching on); `settings`
+        override fields."""
+        return Policy(**settings)
+
+    @staticmethod
+    def sglang(hbm_capacity=80e9, *, chunked_prefill_size=None, max_running_requests=2048,
+               schedule_conservativeness=1.0, enable_mixed_chunk=False, page_size=1,
+               **settings) -> Policy:
+        """SGLang's scheduler (`sglang/srt/managers/scheduler.py`, `schedule_policy.py`)
+        with its `ServerArgs` defaults, as fields of the same scheduler:
+
+        - `chunked_prefill_size` (tokens per prefill step): None takes SGLang's rule on
+          the GPU's memory (`ServerArgs._handle_chunked_prefill_size`: 2048 under 35 GiB,
+          8192 under 160 GiB, else 16384); it is the step budget, no per-request cap.
+        - `max_running_requests` (requests): SGLang derives it from the KV pool when not
+          given; here 2048 unless given (KV admission binds first on most deployments).
+        - `schedule_conservativeness`: scales the new-token ratio, the share of each
+          request's future output whose KV admission reserves (SGLang's initial ratio 0.7,
+          `SGLANG_INIT_NEW_TOKEN_RATIO`, times it, at most 1; SGLang then lets it decay
+          while nothing is retracted, held fixed here); retraction when KV runs out is
+          the preemption by recompute of the other engines.
+        - `enable_mixed_chunk` (default False): without it a step that can prefill runs
+          prefills alone; decodes run in steps of their own.
+        - `page_size` (tokens per KV page, default 1).
+
+        Args:
+            hbm_capacity: one GPU's memory for the chunk-size rule (bytes).
+            **settings: `Policy` fields to set.
+        """
+        if chunked_prefill_size is None:
+            gib = float(hbm_capacity) / 2**30
+            chunked_prefill_size = 2048 if gib < 35 else 8192 if gib < 160 else 16384
+        ratio = min(0.7 * float(schedule_conservativeness), 1.0)
+        return Policy(**{"max_num_seqs": max_running_requests,
+                         "max_num_batched_tokens": chunked_prefill_size,
+                         "block_size": page_size, "output_reserve": ratio,
+                         "mixed_prefill": bool(enable_mixed_chunk), "engine": "sglang",
+                         **settings})
+
+    @staticmethod
+    def trtllm(*, max_batch_size=2048, max_num_tokens=8192, tokens_per_block=32,
+               capacity_scheduler_policy="GUARANTEED_NO_EVICT", enable_chunked_prefill=False,
+               batch_wait_timeout_ms=0.0, batch_wait_max_tokens_ratio=0.0,
+               **settings) -> Policy:
+        """TensorRT-LLM's in-flight batching scheduler (PyTorch backend, LLM API
+        `TorchLlmArgs`) with its defaults, as fields of the same scheduler:
+
+        - `max_batch_size` 2048 requests and `max_num_tokens` 8192 tokens per step
+          (`BaseLlmArgs`; older releases used other defaults).
+        - `capacity_scheduler_policy`: GUARANTEED_NO_EVICT (the default, "Useful Runtime
+          Options" of the performance tuning guide) admits a request only when the KV of
+          its whole prompt and output fits next to what running requests will still
+          need, and never pauses one; MAX_UTILIZATION packs as many as fit now and
+          pauses (here preempts) when KV runs out.
+        - `enable_chunked_prefill` (default False): without it a context request is
+          scheduled only when its whole prompt fits in the step's budget.
+        - `tokens_per_block` 32 (`KvCacheConfig`).
+        - `batch_wait_timeout_ms` and `batch_wait_max_tokens_ratio` (both 0: off): hold
+          context requests until the step carries that share of `max_num_tokens` or the
+          wait times out (`PyExecutor._waiting_requests`; here measured from the oldest
+          waiting request's arrival).
+
+        Args:
+            **settings: `Policy` fields to set.
+        """
+        policies = {"GUARANTEED_NO_EVICT": 1.0, "MAX_UTILIZATION": 0.0}
+        if capacity_scheduler_policy not in policies:
+            raise ValueError(f"capacity_scheduler_policy must be one of "
+                             f"{', '.join(policies)}, got {capacity_scheduler_policy!r}")
+        ratio = float(batch_wait_max_tokens_ratio)
+        wait = float(batch_wait_timeout_ms) / 1e3 if ratio > 0 else 0.0
+        return Policy(**{"max_num_seqs": max_batch_size,
+                         "max_num_batched_tokens": max_num_tokens,
+                         "block_size": tokens_per_block,
+                         "output_reserve": policies[capacity_scheduler_policy],
+                         "batch_wait": wait, "batch_wait_tokens": ratio,
+                         "chunked_prefill": bool(enable_chunked_prefill), "engine": "trtllm",
+                         **settings})
+
+
+#: Engines whose schedulers `Policy` describes.
+ENGINES = ("vllm", "sglang", "trtllm")
+
+
+def engine_defaults(name: str, chip: Chip | None = None, **settings) -> Policy:
+    """The `Policy` of engine `name` ("vllm", "sglang", "trtllm") with its defaults
+    (`chip`: the GPU whose memory sets SGLang's chunk size; default an 80 GB one);
+    `settings` are that constructor's arguments.
+
+    Example:
+        >>> p = engine_defaults("trtllm")
+        >>> float(p.max_num_batched_tokens), float(p.output_reserve), p.chunked_prefill
+        (8192.0, 1.0, False)
+    """
+    if name == "vllm":
+        return Policy.vllm(**settings)
+    if name == "sglang":
+        if chip is not None:
+            settings.setdefault("hbm_capacity", float(chip.hbm_capacity))
+        return Policy.sglang(**settings)
+    if name == "trtllm":
+        return Policy.trtllm(**settings)
+    raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {name!r}")
 
 
 class Requests(eqx.Module):
@@ -274,6 +433,8 @@ class Result(eqx.Module):
     """Chips of all instances."""
     window_overflow: jnp.ndarray
     """True when a `window` may have hidden a request the engine would have admitted."""
+    mixed_steps: jnp.ndarray
+    """Steps that carried both prefill tokens and decodes."""
 
     @property
     def queue_delay(self):
@@ -326,6 +487,8 @@ class _State(eqx.Module):
     queue_end: jnp.ndarray
     lo: jnp.ndarray
     overflow: jnp.ndarray
+    remaining: jnp.ndarray
+    mixed: jnp.ndarray
 
 
 #: `_State` fields with one entry per request (the window slices them).
@@ -335,11 +498,28 @@ _PER_REQUEST = ("arrival", "computed", "generated", "running", "finished", "admi
 
 
 def _in_order(mask, key):
-    """Permutation putting `mask` entries first, by ascending `key` (finite where `mask`),
-    and its inverse."""
-    order = jnp.argsort(jnp.where(mask, key, jnp.inf), stable=True)
-    back = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
-    return order, back
+    """Whether each row's `mask` entries are in ascending `key` order already (ties by
+    index), and a function giving permutations that put them so (shape (K, W) for K rows)
+    and their inverses. The entries outside `mask` may lie anywhere: every use masks them
+    out.
+
+    The scheduler runs in index order unless a preemption or a closed loop reordered the
+    requests: the sort and the gathers are most of a step's time on CPU, so they run only
+    when needed (under a `vmap` over policies the branches become a select and they
+    always run).
+    """
+    masked = jnp.where(mask, key, -jnp.inf)
+    previous = jnp.concatenate([jnp.full(mask.shape[:-1] + (1,), -jnp.inf),
+                                jax.lax.cummax(masked, axis=mask.ndim - 1)[..., :-1]], axis=-1)
+    ordered = jnp.all(~mask | (key >= previous))
+
+    def sort():
+        index = jnp.broadcast_to(jnp.arange(mask.shape[-1]), mask.shape)
+        order = jnp.argsort(jnp.where(mask, key, jnp.inf), axis=-1, stable=True)
+        return order, jnp.put_along_axis(jnp.zeros_like(order), order, index, axis=-1,
+                                         inplace=False)
+
+    return ordered, sort
 
 
 def _validate(model, chip, design, policy, requests):
@@ -365,6 +545,9 @@ _POLICY_CHECKS = (
      "policy.long_prefill_token_threshold must be >= 1 (inf for no cap)"),
     ("kv_blocks", lambda x: x >= 2, "policy.kv_blocks must be >= 2 (inf: from memory)"),
     ("block_size", lambda x: x >= 1, "policy.block_size must be >= 1"),
+    ("output_reserve", lambda x: (x >= 0) & (x <= 1), "policy.output_reserve must be in [0, 1]"),
+    ("batch_wait", lambda x: x >= 0, "policy.batch_wait must be >= 0"),
+    ("batch_wait_tokens", lambda x: x >= 0, "policy.batch_wait_tokens must be >= 0"),
 )
 
 
@@ -378,7 +561,7 @@ def _checked(policy: Policy) -> Policy:
 
 def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests: Requests,
              *, max_steps: int = 100_000, hard: bool = True,
-             vectorize: bool = True, window: int | None = None) -> Result:
+             vectorize: bool = True, window: int | str | None = None) -> Result:
     """Simulate engine instances serving `requests` under `policy`: one, or
     `design.layout.replicas` behind a round-robin router (`_replicated`).
 
@@ -401,7 +584,10 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
             one (in index order: sort open-loop requests by arrival, as the builders do)
             instead of all N, which makes a step's time independent of N. Exact while
             the running requests and the head of the queue lie within it; when they may
-            not, `Result.window_overflow` is True. None: all requests.
+            not, `Result.window_overflow` is True. None: all requests. "auto": the
+            smallest of `AUTO_WINDOW` x 2^k that does not overflow (each compiled once,
+            an overflowing run stopped at its first overflow), found when the policy and
+            requests are concrete values; traced (under `jit` or `vmap`), all requests.
 
     Returns:
         `Result` (see `summarize`).
@@ -414,17 +600,50 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
     Queue order uses float keys of size steps x requests: run with `jax_enable_x64` (as the
     package's tests and command line do) for long simulations.
     """
+    kw = dict(max_steps=max_steps, hard=hard, vectorize=vectorize)
+    if isinstance(window, str):
+        return _auto_window(_simulate_compiled, model, chip, design, policy, requests, window,
+                            **kw)
+    return _simulate(model, chip, design, policy, requests, window=window, **kw)
+
+
+#: First window `window="auto"` tries (requests).
+AUTO_WINDOW = 256
+
+
+def _auto_window(run, model, chip, design, policy, requests, window, **kw):
+    if window != "auto":
+        raise ValueError(f"window must be an int, None or 'auto', got {window!r}")
+    _validate(model, chip, design, policy, requests)
+    n = requests.size
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(
+            (chip, design, policy, requests))):
+        return _simulate(model, chip, design, policy, requests, window=None, **kw)
+    width = min(n, AUTO_WINDOW)
+    while True:
+        result = run(model, chip, design, policy, requests, window=width,
+                     stop_on_overflow=width < n, **kw)
+        if width >= n or not bool(result.window_overflow):
+            return result
+        width = min(2 * width, n)
+
+
+def _simulate(model, chip, design, policy, requests, *, max_steps, hard, vectorize, window,
+              stop_on_overflow=False):
     _validate(model, chip, design, policy, requests)
     policy = _checked(policy)
     layout = design.layout
+    args = (max_steps, hard, vectorize, window, stop_on_overflow)
     if isinstance(layout, Layout) and layout.replicas > 1:
-        return _replicated(model, chip, design, policy, requests, max_steps, hard, vectorize,
-                           window)
-    return _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
-                     window)
+        return _replicated(model, chip, design, policy, requests, *args)
+    return _instance(model, chip, design, policy, requests, *args)
 
 
-def _replicated(model, chip, design, policy, requests, max_steps, hard, vectorize, window):
+_simulate_compiled = eqx.filter_jit(_simulate)
+
+
+def _replicated(model, chip, design, policy, requests, max_steps, hard, vectorize, window,
+                stop_on_overflow):
     """R = `design.layout.replicas` engine instances behind a round-robin router: request i
     goes to instance i mod R (in arrival order; closed-loop clients stay on one instance),
     each instance simulated alone (one `vmap` over them), the per-request records put
@@ -457,7 +676,8 @@ def _replicated(model, chip, design, policy, requests, max_steps, hard, vectoriz
     def serve(arrival, input_len, output_len, valid):
         part = Requests(arrival=arrival, input_len=input_len, output_len=output_len,
                         valid=valid, think_time=requests.think_time, clients=clients)
-        return _instance(model, chip, one, policy, part, max_steps, hard, vectorize, window)
+        return _instance(model, chip, one, policy, part, max_steps, hard, vectorize, window,
+                         stop_on_overflow)
 
     out = jax.vmap(serve)(*arrays)
 
@@ -471,17 +691,19 @@ def _replicated(model, chip, design, policy, requests, max_steps, hard, vectoriz
                   dynamic_energy=jnp.mean(out.dynamic_energy),
                   in_system_area=jnp.sum(out.in_system_area), steps=jnp.max(out.steps),
                   idle_power=out.idle_power[0], chips=jnp.sum(out.chips),
-                  window_overflow=jnp.any(out.window_overflow))
+                  window_overflow=jnp.any(out.window_overflow),
+                  mixed_steps=jnp.sum(out.mixed_steps))
 
 
-def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize, window):
+def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize, window,
+              stop_on_overflow):
     """`simulate` of one engine instance (the loop)."""
     n = requests.size
     bs = policy.block_size
     # vLLM's block pool keeps one null block out of use (`BlockPool.null_block`).
     kv_blocks = jnp.where(jnp.isinf(policy.kv_blocks),
                           engine_kv_blocks(model, chip, design, bs), policy.kv_blocks) - 1.0
-    budget = policy.max_num_batched_tokens
+    max_tokens = policy.max_num_batched_tokens
     cap = policy.long_prefill_token_threshold
     inputs, outputs, valid = requests.input_len, requests.output_len, requests.valid
     follower = jnp.arange(n) + requests.clients if requests.clients else None
@@ -495,26 +717,27 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                   preemptions=zeros, busy=jnp.asarray(0.0), energy=jnp.asarray(0.0),
                   area=jnp.asarray(0.0), stuck=jnp.asarray(False), cached_at=zeros,
                   cached_blocks=zeros, evicted=jnp.asarray(0.0), queue_end=kv_blocks,
-                  lo=jnp.asarray(0), overflow=jnp.asarray(False))
+                  lo=jnp.asarray(0), overflow=jnp.asarray(False),
+                  remaining=jnp.sum(valid), mixed=jnp.asarray(0))
     width = n if window is None else min(window, n)
     index = jnp.arange(n)
+    index_w = jnp.arange(width)
+    # Open loop, the requests past the window are untouched: their arrivals (inf for
+    # padding) sorted, a search and prefix sums replace a pass over all N every step.
+    arrival_valid = jnp.where(valid, requests.arrival, jnp.inf)
+    arrival_sorted = jnp.all(arrival_valid[1:] >= arrival_valid[:-1])
+    arrival_sums = jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.where(
+        valid, requests.arrival, 0.0))])
 
     def blocks(tokens):
         return jnp.ceil(tokens / bs)
 
-    def body(g: _State) -> _State:
-        # The step sees `width` requests from the first unfinished one (all by default).
-        offset = jnp.minimum(g.lo, n - width)
-
-        def cut(x):
-            return jax.lax.dynamic_slice_in_dim(x, offset, width)
-
-        s = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], g,
-                        [cut(getattr(g, f)) for f in _PER_REQUEST])
-        s = eqx.tree_at(lambda st: st.queue_key, s, jnp.where(
-            jnp.isinf(s.queue_key) & (s.arrival <= g.t), s.arrival, s.queue_key))
-        inputs_w, outputs_w = cut(inputs), cut(outputs)
+    def step(s: _State, offset, inputs_w, outputs_w, full) -> _State:
+        """One engine step on the window state `s` (its requests from `offset`); `full`:
+        the arrivals and finished flags of all N (closed loop), else None."""
         t = s.t
+        s = eqx.tree_at(lambda st: st.queue_key, s, jnp.where(
+            jnp.isinf(s.queue_key) & (s.arrival <= t), s.arrival, s.queue_key))
         target = inputs_w + s.generated            # tokens whose KV precede the next sample
         waiting = ~s.finished & ~s.running & (s.arrival <= t)
         # Prefix caching: freed blocks form a queue reused from its front (vLLM's free block
@@ -526,36 +749,86 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         start = jnp.where(waiting, jnp.minimum(hit * bs, target - 1.0), s.computed)
         hit = jnp.where(waiting, jnp.floor(start / bs), 0.0)
         demand = jnp.minimum(target - start, cap)
-        # 1. Running requests, oldest admission first, share the token budget.
-        order, back = _in_order(s.running, s.admitted_at)
-        run_sorted = s.running[order]
-        want = jnp.where(run_sorted, demand[order], 0.0)
-        before = jnp.cumsum(want) - want
-        alloc_sorted = jnp.clip(budget - before, 0.0, want)
-        # 2. KV: the longest prefix whose blocks fit survives; the rest is preempted.
-        need = jnp.where(run_sorted, blocks(s.computed[order] + alloc_sorted), 0.0)
-        keep_sorted = run_sorted & (jnp.cumsum(need) <= kv_blocks)
-        keep = keep_sorted[back]
-        preempted = s.running & ~keep
-        alloc = jnp.where(keep_sorted, alloc_sorted, 0.0)[back]
-        used = jnp.sum(jnp.where(keep, blocks(s.computed + alloc), 0.0))
-        # 3. Waiting requests, first come first served, while budget, seats and KV last.
-        worder, wback = _in_order(waiting, s.queue_key)
-        wait_sorted = waiting[worder]
-        left = budget - jnp.sum(alloc)
-        wwant = jnp.where(wait_sorted, demand[worder], 0.0)
-        wbefore = jnp.cumsum(wwant) - wwant
-        walloc = jnp.clip(left - wbefore, 0.0, wwant)
-        reserve = blocks(target[worder]) if policy.reserve_full_prompt else \
-            blocks(start[worder] + walloc)
-        rank = jnp.cumsum(wait_sorted) - 1.0
-        fits = (wait_sorted & (rank < policy.max_num_seqs - jnp.sum(keep))
-                & (wbefore < left)
-                & (jnp.cumsum(jnp.where(wait_sorted, reserve, 0.0)) <= kv_blocks - used)
-                & ~jnp.any(preempted))
-        admit_sorted = jnp.cumprod(fits) > 0
-        admitted = admit_sorted[wback]
-        alloc = alloc + jnp.where(admit_sorted, walloc, 0.0)[wback]
+        ordered, sort = _in_order(jnp.stack([s.running, waiting]),
+                                  jnp.stack([s.admitted_at, s.queue_key]))
+
+        total = inputs_w + outputs_w
+        reserve = policy.output_reserve
+
+        def claim(tokens):
+            # Blocks held for a request with `tokens` in KV: those and `reserve` of the rest.
+            return blocks(tokens + reserve * jnp.maximum(total - tokens, 0.0))
+
+        oldest = jnp.min(jnp.where(waiting, s.arrival, jnp.inf))
+        waited = t - oldest >= policy.batch_wait
+
+        def schedule(orders, demand, budget, admit):
+            """Steps 1-3 with the running and waiting requests in the order `orders`
+            gives (permutations and inverses; None: index order), under a token `budget`,
+            admitting waiting requests when `admit` (static)."""
+            def take(x, perm):
+                return x if perm is None else x[perm]
+
+            (order, worder), (back, wback) = orders if orders is not None else \
+                ((None, None), (None, None))
+            # 1. Running requests, oldest admission first, share the token budget.
+            run_sorted = take(s.running, order)
+            want = jnp.where(run_sorted, take(demand, order), 0.0)
+            before = jnp.cumsum(want) - want
+            alloc_sorted = jnp.clip(budget - before, 0.0, want)
+            # 2. KV: the longest prefix whose blocks fit survives; the rest is preempted.
+            need = jnp.where(run_sorted, blocks(take(s.computed, order) + alloc_sorted), 0.0)
+            keep_sorted = run_sorted & (jnp.cumsum(need) <= kv_blocks)
+            keep = take(keep_sorted, back)
+            preempted = s.running & ~keep
+            alloc = take(jnp.where(keep_sorted, alloc_sorted, 0.0), back)
+            used = jnp.sum(jnp.where(keep, claim(s.computed + alloc), 0.0))
+            # 3. Waiting requests, first come first served, while budget, seats and KV last.
+            wait_sorted = take(waiting, worder)
+            left = budget - jnp.sum(alloc)
+            wwant = jnp.where(wait_sorted, take(demand, worder), 0.0)
+            # One prefix sum of three rows (XLA:CPU pays per operation).
+            if policy.reserve_full_prompt:
+                wsums = jnp.cumsum(jnp.stack([wwant, wait_sorted.astype(float), jnp.where(
+                    wait_sorted, claim(take(target, worder)), 0.0)]), axis=1)
+                wbefore = wsums[0] - wwant
+                walloc = jnp.clip(left - wbefore, 0.0, wwant)
+            else:
+                wsums = jnp.cumsum(jnp.stack([wwant, wait_sorted.astype(float)]), axis=1)
+                wbefore = wsums[0] - wwant
+                walloc = jnp.clip(left - wbefore, 0.0, wwant)
+                wsums = jnp.concatenate([wsums, jnp.cumsum(jnp.where(
+                    wait_sorted, claim(take(start, worder) + walloc), 0.0))[None]])
+            rank = wsums[1] - 1.0
+            room = wbefore < left if policy.chunked_prefill else wbefore + wwant <= left
+            fits = (wait_sorted & (rank < policy.max_num_seqs - jnp.sum(keep))
+                    & room & (wsums[2] <= kv_blocks - used) & ~jnp.any(preempted))
+            admit_sorted = (jnp.cumprod(fits | ~wait_sorted) > 0) & wait_sorted
+            # The batch wait: admit once the oldest waited `batch_wait` or the step would
+            # carry enough tokens (TensorRT-LLM `PyExecutor._waiting_requests`).
+            tokens = jnp.sum(alloc) + jnp.sum(jnp.where(admit_sorted, walloc, 0.0))
+            gate = waited | (tokens >= policy.batch_wait_tokens * budget)
+            admit_sorted = admit_sorted & gate & admit
+            admitted = take(admit_sorted, wback)
+            alloc = alloc + take(jnp.where(admit_sorted, walloc, 0.0), wback)
+            position = index_w if back is None else back
+            return (keep, preempted, alloc, used, left, walloc, admitted,
+                    take(rank, wback), position.astype(float), ~gate)
+
+        def plan(orders):
+            if policy.mixed_prefill:
+                return schedule(orders, demand, max_tokens, True)
+            # SGLang: a step that can prefill (chunks of running prompts, new requests)
+            # prefills only; else the decodes run alone, with no token budget.
+            decoding = s.running & (target - s.computed == 1.0) & (s.generated > 0)
+            prefill = schedule(orders, jnp.where(decoding, 0.0, demand), max_tokens, True)
+            decode = schedule(orders, jnp.where(s.running & ~decoding, 0.0, demand),
+                              jnp.inf, False)
+            use = jnp.any(prefill[2] > 0)
+            return jax.tree_util.tree_map(lambda a, b: jnp.where(use, a, b), prefill, decode)
+
+        keep, preempted, alloc, used, left, walloc, admitted, rank, position, held = \
+            jax.lax.cond(ordered, lambda: plan(None), lambda: plan(sort()))
         # 4. Cost the step's mix with the core model.
         computed = jnp.where(preempted, 0.0, jnp.where(admitted, start, s.computed))
         decode = (alloc > 0) & (target - computed == 1.0) & (s.generated > 0)
@@ -573,8 +846,27 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         _, cost = _capped_step(model, chip, design, layout, kw, 24.0, hard, vectorize)
         work = jnp.any(alloc > 0)
         dt = jnp.where(work, cost.time, 0.0)
-        pending = ~g.finished & (g.arrival > t)
-        next_arrival = jnp.min(jnp.where(pending, g.arrival, jnp.inf))
+        beyond_start = offset + width
+        if follower is None:
+            # Past the window (sorted arrivals): [beyond_start, arrived) have arrived by t.
+            arrived = jnp.maximum(jnp.searchsorted(arrival_valid, t, side="right",
+                                                   method="scan_unrolled"), beyond_start)
+            next_beyond = jnp.where(arrived < n, arrival_valid[jnp.minimum(arrived, n - 1)],
+                                    jnp.inf)
+            # Unsorted, all N are scanned (from the constant arrivals: reading the state's
+            # arrays beside updating them in place would copy them every step).
+            next_beyond = jax.lax.cond(arrival_sorted, lambda: next_beyond, lambda: jnp.min(
+                jnp.where((index >= beyond_start) & (arrival_valid > t), arrival_valid,
+                          jnp.inf)))
+            next_arrival = jnp.minimum(next_beyond, jnp.min(jnp.where(
+                ~s.finished & (s.arrival > t), s.arrival, jnp.inf)))
+        else:
+            arrival_all, finished_all = full
+            pending = ~finished_all & (arrival_all > t)
+            next_arrival = jnp.min(jnp.where(pending, arrival_all, jnp.inf))
+        # Held by the batch wait, an idle engine wakes when the oldest has waited enough.
+        next_arrival = jnp.minimum(next_arrival, jnp.where(
+            held & jnp.any(waiting), oldest + policy.batch_wait, jnp.inf))
         end = jnp.where(work, t + dt, jnp.where(jnp.isinf(next_arrival), t,
                                                 jnp.maximum(next_arrival, t)))
         stuck = ~work & jnp.isinf(next_arrival)
@@ -584,12 +876,33 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         sampled = running & (alloc > 0) & (computed >= target)
         generated = s.generated + sampled
         done = running & (generated >= outputs_w)
-        present = ~g.finished & (g.arrival < end)
-        area = g.area + jnp.sum(jnp.where(present, end - jnp.maximum(g.arrival, t), 0.0))
+        present = ~s.finished & (s.arrival < end)
+        area = s.area + jnp.sum(jnp.where(present, end - jnp.maximum(s.arrival, t), 0.0))
+        if follower is None:
+            def area_beyond():
+                # [beyond_start, arrived) wait the whole step, [arrived, until) arrive in it.
+                until = jnp.maximum(jnp.searchsorted(arrival_valid, end, side="left",
+                                                     method="scan_unrolled"), arrived)
+                return ((arrived - beyond_start) * (end - t) + (until - arrived) * end
+                        - (arrival_sums[until] - arrival_sums[arrived]))
+
+            def scan_beyond():
+                late = index >= beyond_start
+                return (jnp.sum(jnp.where(late & (arrival_valid < end),
+                                          end - jnp.maximum(arrival_valid, t), 0.0)),
+                        jnp.any(late & (arrival_valid <= t)))
+
+            extra, waits_beyond = jax.lax.cond(
+                arrival_sorted, lambda: (area_beyond(), arrived > beyond_start), scan_beyond)
+            area = area + extra
+        else:
+            beyond = (index >= beyond_start) & ~finished_all
+            area = area + jnp.sum(jnp.where(beyond & (arrival_all < end),
+                                            end - jnp.maximum(arrival_all, t), 0.0))
+            waits_beyond = jnp.any(beyond & (arrival_all <= t))
         # A window too narrow: requests past it wait while it admitted all it saw and had
         # budget and seats to spare (the full simulation would have looked further).
-        beyond = (index >= offset + width) & ~g.finished & (g.arrival <= t)
-        overflow = g.overflow | (jnp.any(beyond) & ~jnp.any(waiting & ~admitted)
+        overflow = s.overflow | (waits_beyond & ~jnp.any(waiting & ~admitted)
                                  & (left - jnp.sum(walloc) > 0) & ~jnp.any(preempted)
                                  & (jnp.sum(keep | admitted) < policy.max_num_seqs))
         num_admitted = jnp.sum(admitted)
@@ -607,11 +920,11 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         # Preempted requests go to the front of the queue, the latest preemption first and,
         # within one step, the oldest admission first (vLLM: popped from the tail of the
         # running list and pushed to the front of the waiting queue one by one).
-        front = -(s.step + 1.0) * (n + 1.0) + back.astype(float)
+        front = -(s.step + 1.0) * (n + 1.0) + position
         new = _State(
             t=end, step=s.step + 1, arrival=s.arrival, computed=computed,
             generated=generated, running=running & ~done, finished=s.finished | done,
-            admitted_at=jnp.where(admitted, s.counter + rank[wback], s.admitted_at),
+            admitted_at=jnp.where(admitted, s.counter + rank, s.admitted_at),
             queue_key=jnp.where(preempted, front, s.queue_key),
             counter=s.counter + num_admitted,
             scheduled=jnp.where(admitted & jnp.isinf(s.scheduled), t, s.scheduled),
@@ -619,20 +932,53 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             finish=jnp.where(done, end, s.finish), preemptions=s.preemptions + preempted,
             busy=s.busy + dt, energy=s.energy + jnp.where(work, cost.dynamic_energy, 0.0),
             area=area, stuck=stuck, cached_at=cached_at, cached_blocks=cached_blocks,
-            evicted=s.evicted + taken, queue_end=queue_end, lo=g.lo, overflow=overflow)
-        new = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], new,
-                          [jax.lax.dynamic_update_slice_in_dim(getattr(g, f), getattr(new, f),
-                                                               offset, 0)
-                           for f in _PER_REQUEST])
-        if follower is not None:
-            ended = jnp.zeros(n, bool).at[offset + jnp.arange(width)].set(done)
-            new = eqx.tree_at(lambda st: st.arrival, new, new.arrival.at[follower].min(
-                jnp.where(ended, end + requests.think_time, jnp.inf), mode="drop"))
-        # The first unfinished request (finished ones never return).
-        return eqx.tree_at(lambda st: st.lo, new, jnp.argmin(new.finished))
+            evicted=s.evicted + taken, queue_end=queue_end, overflow=overflow,
+            remaining=s.remaining - jnp.sum(done),
+            mixed=s.mixed + ((num_decode > 0) & (prefill_tokens > 0)),
+            # The first unfinished request (finished ones never return; past the window
+            # none has finished, padding aside).
+            lo=jnp.where(jnp.all(s.finished | done), beyond_start,
+                         offset + jnp.argmin(s.finished | done)))
+        return new
 
     def cond(s: _State):
-        return (s.step < max_steps) & ~jnp.all(s.finished) & ~s.stuck
+        more = (s.step < max_steps) & (s.remaining > 0) & ~s.stuck
+        return more & ~s.overflow if stop_on_overflow else more
+
+    # Steps run on the window's arrays (an inner loop, O(width) a step); the window moves,
+    # its arrays written back into the N-long records, once its first unfinished request
+    # is `slack` in (or, closed loop, after every step, to send the clients' next requests).
+    slack = max(1, width // 8)
+
+    def body(g: _State) -> _State:
+        offset = jnp.minimum(g.lo, n - width)
+
+        def cut(x):
+            return jax.lax.dynamic_slice_in_dim(x, offset, width)
+
+        w = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], g,
+                        [cut(getattr(g, f)) for f in _PER_REQUEST])
+        inputs_w, outputs_w = cut(inputs), cut(outputs)
+        full = None if follower is None else (g.arrival, g.finished)
+        movable = offset < n - width
+
+        def inner_cond(s):
+            more = cond(s) & ((s.lo - offset < slack) | ~movable)
+            return more if follower is None else more & (s.step == g.step)
+
+        w = jax.lax.while_loop(inner_cond,
+                               lambda s: step(s, offset, inputs_w, outputs_w, full), w)
+        # Open loop, arrivals never change: not written back.
+        updated = _PER_REQUEST if follower is not None else _PER_REQUEST[1:]
+        new = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], w,
+                          [jax.lax.dynamic_update_slice_in_dim(getattr(g, f), getattr(w, f),
+                                                               offset, 0)
+                           if f in updated else getattr(g, f) for f in _PER_REQUEST])
+        if follower is not None:
+            ended = new.finished & ~g.finished
+            new = eqx.tree_at(lambda st: st.arrival, new, new.arrival.at[follower].min(
+                jnp.where(ended, new.t + requests.think_time, jnp.inf), mode="drop"))
+        return new
 
     s = jax.lax.while_loop(cond, body, init)
     return Result(arrival=s.arrival, scheduled=s.scheduled, first_token=s.first_token,
@@ -640,10 +986,20 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                   finished=valid & jnp.isfinite(s.finish), preemptions=s.preemptions,
                   end_time=s.t, busy_time=s.busy, dynamic_energy=s.energy,
                   in_system_area=s.area, steps=s.step, idle_power=chip.idle_power,
-                  chips=jnp.asarray(design.chips, dtype=float), window_overflow=s.overflow)
+                  chips=jnp.asarray(design.chips, dtype=float), window_overflow=s.overflow,
+                  mixed_steps=s.mixed)
 
 
-simulate_jit = eqx.filter_jit(simulate)
+def simulate_jit(model: Model, chip: Chip, design: Design, policy: Policy,
+                 requests: Requests, *, max_steps: int = 100_000, hard: bool = True,
+                 vectorize: bool = True, window: int | str | None = "auto") -> Result:
+    """`simulate`, compiled (`eqx.filter_jit`), with the window chosen by default
+    (`window="auto"`: the same result as all requests, faster)."""
+    kw = dict(max_steps=max_steps, hard=hard, vectorize=vectorize)
+    if isinstance(window, str):
+        return _auto_window(_simulate_compiled, model, chip, design, policy, requests, window,
+                            **kw)
+    return _simulate_compiled(model, chip, design, policy, requests, window=window, **kw)
 
 
 # ---------------------------------------------------------------------------------------

@@ -352,7 +352,14 @@ def test_command_line(capsys, tmp_path):
                        (["--rate", "1", "--isl", "200000"], "--allow-long-context"),
                        (["--rate", "1", "--model", "llama-3.1-405b"], "does not fit"),
                        (["--rate", "1", "--isl", "4000", "--kv-blocks", "100"],
-                        "does not fit")):
+                        "does not fit"),
+                       (["--rate", "1", "--mixed-chunk"], "setting of --engine sglang"),
+                       (["--rate", "1", "--engine", "sglang", "--capacity-policy",
+                         "MAX_UTILIZATION"], "setting of --engine trtllm"),
+                       (["--rate", "1", "--engine", "trtllm", "--isl", "9000"],
+                        "prompts are not chunked"),
+                       (["--trace", str(path), "--engine-config", str(meta), "--engine",
+                         "sglang"], "use it with --engine vllm")):
         assert main(["simulate", *bad]) == 2
         assert match in capsys.readouterr().err
 
@@ -395,3 +402,137 @@ def test_replicas_are_round_robin_instances():
     assert int(summary.unfinished) == 0 and 0 < float(summary.utilization) <= 1
     with pytest.raises(ValueError, match="multiple of design.layout.replicas"):
         sim.simulate(MODEL, CHIP, two, policy, sim.closed_loop(3, 12, 64, 8))
+
+
+def _reference_cases():
+    k = jax.random.PRNGKey
+    kvbound = sim.gamma(k(4), 30.0, 1.5, 96,
+                        jax.random.randint(k(2), (96,), 64, 2048).astype(float),
+                        jax.random.randint(k(3), (96,), 16, 300).astype(float))
+    yield "kvbound", sim.Policy(max_num_seqs=32, kv_blocks=400, max_num_batched_tokens=1024,
+                                long_prefill_token_threshold=256), kvbound
+    closed = sim.closed_loop(6, 30, jnp.round(jax.random.uniform(k(1), (30,), minval=200,
+                                                                 maxval=900)), 40.0,
+                             think_time=0.01)
+    yield "closed", sim.Policy(max_num_batched_tokens=512, kv_blocks=200), closed
+    tiny = sim.trace(jnp.zeros(8), jnp.full(8, 200), jnp.full(8, 200))
+    yield "tiny", sim.Policy(max_num_seqs=8, kv_blocks=60), tiny
+
+
+def _reference():
+    import json
+    import pathlib
+    return json.loads((pathlib.Path(__file__).parent / "data"
+                       / "simulate_reference.json").read_text())
+
+
+def _assert_matches(expected, result, name):
+    assert not bool(result.window_overflow)
+    for key, value in expected.items():
+        np.testing.assert_allclose(np.asarray(getattr(result, key), dtype=float), value,
+                                   rtol=1e-9, err_msg=f"{name} {key}")
+
+
+def test_matches_the_reference_implementation():
+    # The step loop skips the sort while requests run in index order: the outcomes must be
+    # those of the plain implementation (recorded in the reference file), here on KV-bound
+    # arrivals with 51 preemptions (sorted steps and index-order steps alternate).
+    name, policy, requests = next(_reference_cases())
+    result = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=20_000)
+    _assert_matches(_reference()[name], result, name)
+
+
+@pytest.mark.slow   # compiles seven loops
+def test_windows_match_the_reference_implementation(monkeypatch):
+    # The moving window steps in an inner loop: with "auto" (its first window made small
+    # here) it grows until it does not overflow and matches the plain implementation, on
+    # KV-bound arrivals, a closed loop and a tiny cache.
+    reference = _reference()
+    monkeypatch.setattr(sim, "AUTO_WINDOW", 24)
+    for name, policy, requests in _reference_cases():
+        for window in (None, "auto"):
+            result = sim.simulate_jit(MODEL, CHIP, DESIGN, policy, requests,
+                                      max_steps=20_000, window=window)
+            _assert_matches(reference[name], result, name)
+    # Too small a fixed window on the KV-bound case changes the schedule and says so.
+    name, policy, requests = next(_reference_cases())
+    narrow = sim.simulate_jit(MODEL, CHIP, DESIGN, policy, requests, max_steps=20_000,
+                              window=8)
+    assert bool(narrow.window_overflow)
+    assert not np.allclose(np.asarray(narrow.finish), reference[name]["finish"])
+
+
+def test_guaranteed_no_evict_never_preempts():
+    # 8 requests of 200 + 200 tokens at once in 960 KV tokens: vLLM admits on the prompt
+    # and preempts as decodes grow; TensorRT-LLM's GUARANTEED_NO_EVICT admits only what can
+    # finish (two at a time here) and never preempts; both finish every request.
+    requests = sim.trace(jnp.zeros(8), jnp.full(8, 200), jnp.full(8, 200))
+    vllm = sim.summarize(sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(max_num_seqs=8,
+                                                                      kv_blocks=60),
+                                      requests, max_steps=20_000))
+    trt = sim.Policy.trtllm(max_batch_size=8, kv_blocks=31)   # 30 usable 32-token blocks
+    result = sim.simulate(MODEL, CHIP, DESIGN, trt, requests, max_steps=20_000)
+    s = sim.summarize(result)
+    assert int(vllm.preemptions) > 0
+    assert int(s.preemptions) == 0 and int(s.unfinished) == 0
+    # Two run at once: the third starts when the first two are done.
+    order = np.sort(np.asarray(result.scheduled))
+    assert order[1] == order[0] and order[2] >= np.sort(np.asarray(result.finish))[0]
+    # MAX_UTILIZATION packs what fits now and preempts like vLLM.
+    packed = sim.Policy.trtllm(max_batch_size=8, kv_blocks=31,
+                               capacity_scheduler_policy="MAX_UTILIZATION")
+    assert int(sim.summarize(sim.simulate(MODEL, CHIP, DESIGN, packed, requests,
+                                          max_steps=20_000)).preemptions) > 0
+
+
+def test_sglang_prefills_alone_unless_mixed_chunk():
+    requests = sim.poisson(jax.random.PRNGKey(2), 12.0, 48, 512, 64)
+    runs = {}
+    for name, policy in (("vllm", sim.Policy()), ("sglang", sim.Policy.sglang()),
+                         ("mixed", sim.Policy.sglang(enable_mixed_chunk=True))):
+        result = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=20_000)
+        assert int(sim.summarize(result).unfinished) == 0
+        runs[name] = result
+    assert int(runs["vllm"].mixed_steps) > 0 and int(runs["mixed"].mixed_steps) > 0
+    assert int(runs["sglang"].mixed_steps) == 0
+    # Decodes wait while prompts prefill: the tail of TPOT is longer than mixed chunking's.
+    assert float(sim.summarize(runs["sglang"]).tpot.p99) > float(
+        sim.summarize(runs["mixed"]).tpot.p99)
+
+
+def test_batch_wait_delays_admission():
+    # Requests 10 s apart, 500-token prompts under a 2048-token budget: each waits the whole
+    # timeout (its step would carry too few tokens), then runs as it would have.
+    requests = sim.trace(10.0 * jnp.arange(4), jnp.full(4, 500), jnp.full(4, 8))
+    base = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(), requests, max_steps=500)
+    wait = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(batch_wait=0.05), requests,
+                        max_steps=500)
+    np.testing.assert_allclose(wait.ttft, base.ttft + 0.05, rtol=1e-9)
+    np.testing.assert_allclose(wait.tpot, base.tpot, rtol=1e-9)
+    # A token threshold the prompt reaches ends the wait at once.
+    early = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(batch_wait=0.05,
+                                                         batch_wait_tokens=0.2),
+                         requests, max_steps=500)
+    np.testing.assert_allclose(early.ttft, base.ttft, rtol=1e-9)
+
+
+def test_engine_defaults():
+    trt = sim.engine_defaults("trtllm", batch_wait_timeout_ms=20,
+                              batch_wait_max_tokens_ratio=0.5)
+    assert (float(trt.max_num_seqs), float(trt.max_num_batched_tokens),
+            float(trt.block_size)) == (2048.0, 8192.0, 32.0)
+    assert float(trt.batch_wait) == pytest.approx(0.02) and not trt.chunked_prefill
+    # TensorRT-LLM's ratio 0 switches the wait off.
+    assert float(sim.Policy.trtllm(batch_wait_timeout_ms=20).batch_wait) == 0.0
+    sg = sim.engine_defaults("sglang", pm.get_chip("rtx-4090"))
+    assert float(sg.max_num_batched_tokens) == 2048.0 and not sg.mixed_prefill
+    assert float(sim.engine_defaults("sglang", CHIP).max_num_batched_tokens) == 8192.0
+    assert float(sim.Policy.sglang(schedule_conservativeness=0.5).output_reserve) == \
+        pytest.approx(0.35)
+    assert sim.engine_defaults("vllm") == sim.Policy()
+    for bad, match in ((lambda: sim.engine_defaults("tgi"), "engine must be one of"),
+                       (lambda: sim.Policy(output_reserve=1.5), "Policy.output_reserve"),
+                       (lambda: sim.Policy.trtllm(capacity_scheduler_policy="STATIC"),
+                        "capacity_scheduler_policy")):
+        with pytest.raises(ValueError, match=match):
+            bad()

@@ -29,6 +29,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a non-negative finite number")
+    return value
+
+
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -42,7 +52,8 @@ def _seed(text: str) -> int:
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "simulate", help="serve requests under arrivals, engine step by engine step",
-        description="Simulate one engine instance (vLLM v1 scheduling: token budget, "
+        description="Simulate one engine instance (vLLM v1 scheduling, or SGLang's or "
+                    "TensorRT-LLM's with --engine: token budget, "
                     "running requests first, FCFS admission while KV blocks fit, preemption "
                     "by recompute) serving Poisson, gamma or traced arrivals; each step costed "
                     "by the core step-time model. Prints TTFT, TPOT, E2E and queueing delay "
@@ -56,8 +67,28 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--replicas", type=lambda t: positive_int(t, 4096), default=1,
                         help="data-parallel engine instances behind a round-robin router "
                              "(default 1)")
-    parser.add_argument("--engine", choices=("vllm",), default="vllm",
-                        help="scheduler and fitted runtime terms (default vllm)")
+    parser.add_argument("--engine", choices=("vllm", "sglang", "trtllm"), default="vllm",
+                        help="scheduler, its defaults and the fitted runtime terms "
+                             "(default vllm; see perfmodel.simulate.Policy.sglang/.trtllm)")
+    parser.add_argument("--mixed-chunk", action="store_true",
+                        help="sglang: prefill chunks share steps with decodes "
+                             "(enable_mixed_chunk)")
+    parser.add_argument("--schedule-conservativeness", type=_non_negative, default=None,
+                        help="sglang: scales the output share admission reserves "
+                             "(default 1)")
+    parser.add_argument("--capacity-policy", default=None,
+                        choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION"),
+                        help="trtllm: capacity scheduler policy (default "
+                             "GUARANTEED_NO_EVICT)")
+    parser.add_argument("--chunked-prefill", action="store_true",
+                        help="trtllm: split prompts over steps (enable_chunked_prefill)")
+    parser.add_argument("--batch-wait-ms", type=_non_negative, default=None,
+                        help="hold admission until the oldest waiting request waited this "
+                             "long (ms) or the step carries --batch-wait-ratio of the "
+                             "budget (TensorRT-LLM batch_wait_timeout_ms; default 0: none)")
+    parser.add_argument("--batch-wait-ratio", type=_non_negative, default=None,
+                        help="share of the token budget that ends a batch wait (default 1; "
+                             "TensorRT-LLM batch_wait_max_tokens_ratio)")
     parser.add_argument("--engine-config", metavar="META.json", default=None,
                         help="a vLLM run's meta.json: model, layout, engine limits and KV "
                              "blocks from it (the options below override its limits)")
@@ -111,10 +142,12 @@ def _specs(args):
     from ..design import Design, Layout, precision
     from ..fitted import runtime_for
     from ..presets import find_model, get_chip
-    from ..simulate import Policy
     from ..traces import vllm_engine
 
     if args.engine_config is not None:
+        if args.engine != "vllm":
+            raise ValueError("--engine-config reads a vLLM run's meta.json: use it with "
+                             "--engine vllm")
         model, chip, design, policy = vllm_engine(args.engine_config, args.chip)
         if args.replicas != 1:
             raise ValueError("--replicas: the engine config gives data_parallel_size")
@@ -123,17 +156,43 @@ def _specs(args):
         # The checkpoint's own formats, as vLLM serves it without quantization flags.
         design = Design(concurrency=1.0, layout=Layout(tp=args.tp, replicas=args.replicas),
                         precision=precision(chip, model),
-                        runtime=runtime_for(args.engine, chip.family))
-        policy = Policy()
+                        runtime=runtime_for(_FRAMEWORKS[args.engine], chip.family))
+        policy = _engine_policy(args, chip)
     for option, field in (("max_num_seqs", "max_num_seqs"),
                           ("max_batched_tokens", "max_num_batched_tokens"),
                           ("long_prefill_threshold", "long_prefill_token_threshold"),
-                          ("kv_blocks", "kv_blocks")):
+                          ("kv_blocks", "kv_blocks"), ("batch_wait_ratio", "batch_wait_tokens")):
         value = getattr(args, option)
         if value is not None:
             policy = eqx.tree_at(lambda p, f=field: getattr(p, f), policy,
                                  jnp.asarray(float(value)))
+    if args.batch_wait_ms is not None:
+        policy = eqx.tree_at(lambda p: p.batch_wait, policy,
+                             jnp.asarray(args.batch_wait_ms / 1e3))
     return model, chip, design, policy
+
+
+#: The fitted runtime terms of each engine (`perfmodel.fitted`).
+_FRAMEWORKS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trt"}
+
+
+def _engine_policy(args, chip):
+    from ..simulate import engine_defaults
+
+    given = {"sglang": (("mixed_chunk", "enable_mixed_chunk"),
+                        ("schedule_conservativeness", "schedule_conservativeness")),
+             "trtllm": (("capacity_policy", "capacity_scheduler_policy"),
+                        ("chunked_prefill", "enable_chunked_prefill"))}
+    settings = {}
+    for engine, options in given.items():
+        for option, name in options:
+            value = getattr(args, option)
+            if value not in (None, False):
+                if args.engine != engine:
+                    raise ValueError(f"--{option.replace('_', '-')} is a setting of "
+                                     f"--engine {engine}")
+                settings[name] = value
+    return engine_defaults(args.engine, chip, **settings)
 
 
 def _requests(args):
@@ -173,6 +232,12 @@ def _check_requests(args, model, chip, design, policy, requests) -> None:
                          f"{model.name}'s maximum context of {limit:,} "
                          "(max_position_embeddings); pass --allow-long-context to model it "
                          "anyway")
+    prompt = int(np.asarray(requests.input_len)[valid].max())
+    if not policy.chunked_prefill and prompt > float(policy.max_num_batched_tokens):
+        raise ValueError(f"the longest prompt, {prompt:,} tokens, is longer than the "
+                         f"{float(policy.max_num_batched_tokens):,.0f}-token step budget and "
+                         "prompts are not chunked: raise --max-batched-tokens or pass "
+                         "--chunked-prefill")
     blocks = float(policy.kv_blocks)
     if not math.isfinite(blocks):
         blocks = float(sim.engine_kv_blocks(model, chip, design, policy.block_size))
@@ -210,6 +275,7 @@ def run(args) -> int:
                         chips=int(design.chips), engine=str(design.runtime.framework),
                         max_num_seqs=float(policy.max_num_seqs),
                         max_num_batched_tokens=float(policy.max_num_batched_tokens),
+                        scheduler=policy.engine,
                         arrivals=args.trace or f"{args.arrivals} {args.rate}/s")
     if int(summary.finished) == 0:
         raise ValueError(f"no request finished in {args.max_steps:,} steps; raise --max-steps")
