@@ -28,14 +28,15 @@ missed, the policy backs off along the surrogate's own gradient: a Newton step o
 of the missed p99 in log-settings space, sized to bring it to 95 % of its SLO, at most
 `backoffs` times; if the option still misses, the next option is tried.
 
-Example:
+Example (skipped by the doctests: compiling the solve takes a minute on a CPU;
+`tests/test_policy.py` runs the same case):
     >>> import perfmodel as pm
     >>> from perfmodel import policy, surrogate
     >>> chip, model = pm.get_chip("h100"), pm.get_model("llama-3.1-8b")
     >>> p = policy.problem(model, chip, 1, surrogate.Load(rate=4.0, input_len=512,
     ...                    output_len=64), max_ttft=0.5, max_tpot=0.03, num_requests=200)
-    >>> t = policy.tune(p, max_steps=60)
-    >>> t.slo_met
+    >>> t = policy.tune(p, max_steps=60)  # doctest: +SKIP
+    >>> t.slo_met  # doctest: +SKIP
     True
 """
 
