@@ -64,9 +64,16 @@ def main():
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--json", default=str(HERE / "bench_policy.json"))
     parser.add_argument("--only", type=int, default=None, help="run the first N scenarios")
+    parser.add_argument("--pick", default=None,
+                        help="comma-separated scenario indices to rerun, merged into --json")
     args = parser.parse_args()
-    rows = []
-    for spec in SCENARIOS[:args.only]:
+    rows, picked = [], list(enumerate(SCENARIOS))[:args.only]
+    if args.pick:
+        keep = {int(i) for i in args.pick.split(",")}
+        picked = [(i, spec) for i, spec in picked if i in keep]
+        rows = [r for r in json.loads(pathlib.Path(args.json).read_text())["rows"]
+                if r["index"] not in keep]
+    for index, spec in picked:
         name, chip_name, chips, isl, osl, (ttft, tpot), load, cv = spec
         model, chip = pm.get_model(name), pm.get_chip(chip_name)
         rate = scenario_rate(model, chip, chips, isl, osl, cv, load)
@@ -77,7 +84,7 @@ def main():
         tuned = policy.tune(p, progress=False)
         tuned_wall = time.perf_counter() - start
         grid = policy.grid_search(p, budgets=BUDGETS, seats=SEATS, progress=False)
-        row = dict(model=name, chip=chip_name, chips=chips, isl=isl, osl=osl,
+        row = dict(index=index, model=name, chip=chip_name, chips=chips, isl=isl, osl=osl,
                    ttft_slo_s=ttft, tpot_slo_s=tpot, cv=cv, rate=rate, load=load,
                    tuned_policy=policy.as_dict(tuned.policy),
                    tuned_layout=tuned.option.describe(),
@@ -89,6 +96,7 @@ def main():
                    grid_slo_met=grid.slo_met, grid_points=grid.points, grid_wall_s=grid.wall_s)
         row["ratio"] = row["tuned_goodput_per_chip"] / max(row["grid_goodput_per_chip"], 1e-12)
         rows.append(row)
+        rows.sort(key=lambda r: r["index"])
         print(f"{name} {chips}x{chip_name} {isl}/{osl} SLO {ttft * 1e3:.0f}/{tpot * 1e3:.0f} ms "
               f"cv {cv:g} at {rate:.2f}/s: tuned {row['tuned_goodput_per_chip']:.3f} "
               f"({'met' if tuned.slo_met else 'MISSED'}, {tuned_wall:.1f} s) grid "

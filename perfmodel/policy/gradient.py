@@ -26,7 +26,10 @@ The best option by the surrogate (SLOs met first, then objective) is rounded to
 engine-valid integers (`problem.rounded`) and simulated. When the simulator finds an SLO
 missed, the policy backs off along the surrogate's own gradient: a Newton step on the log
 of the missed p99 in log-settings space, sized to bring it to 95 % of its SLO, at most
-`backoffs` times; if the option still misses, the next option is tried.
+`backoffs` times; if the option still misses, the next option is tried. When no policy
+tried meets the SLOs (a load past what they allow), the best option is solved once more
+for the surrogate's goodput alone, without the p99 constraints (goodput still counts only
+the requests meeting both SLOs), and the better of the simulated policies is returned.
 
 Example (skipped by the doctests: compiling the solve takes a minute on a CPU;
 `tests/test_policy.py` runs the same case):
@@ -151,7 +154,7 @@ def _ratio(value, slo):
 
 @eqx.filter_jit
 def _solve(model, chip, design, load, args, replicas, chips, per_kw, solver):
-    lo, hi, max_ttft, max_tpot = args
+    lo, hi, max_ttft, max_tpot, enforce = args
     span = jnp.log(hi) - jnp.log(lo)
 
     def settings(y):
@@ -163,8 +166,9 @@ def _solve(model, chip, design, load, args, replicas, chips, per_kw, solver):
                             max_ttft, max_tpot, per_kw)
         ttft, tpot = _ratio(e.ttft.p99, max_ttft), _ratio(e.tpot.p99, max_tpot)
         score = jnp.log(value + 1e-9) - SLACK_WEIGHT * (ttft + tpot)
-        g = jnp.stack([jnp.where(jnp.isfinite(max_ttft), ttft / MARGIN - 1.0, -1.0),
-                       jnp.where(jnp.isfinite(max_tpot), tpot / MARGIN - 1.0, -1.0)])
+        g = jnp.stack([jnp.where(jnp.isfinite(max_ttft) & enforce, ttft / MARGIN - 1.0, -1.0),
+                       jnp.where(jnp.isfinite(max_tpot) & enforce, tpot / MARGIN - 1.0,
+                                 -1.0)])
         return (score, g), None
 
     # Start from vLLM's defaults (2048 tokens, 256 sequences, no chunk cap), inside the box.
@@ -193,13 +197,14 @@ def _x(policy: Policy, load) -> jnp.ndarray:
     return jnp.stack([policy.max_num_batched_tokens, policy.max_num_seqs, chunk])
 
 
-def _candidate(p: Problem, option: Option, solver) -> Candidate:
+def _candidate(p: Problem, option: Option, solver, enforce: bool = True) -> Candidate:
     load = instance_load(p, option)
     lo, hi = bounds(p.load)
     slos = (jnp.asarray(p.max_ttft), jnp.asarray(p.max_tpot))
     per_kw = p.objective == "goodput_per_kw"
-    x, result, steps = _solve(p.model, p.chip, option.design, load, (lo, hi, *slos),
-                              option.replicas, p.chips, per_kw, solver)
+    args = (lo, hi, *slos, jnp.asarray(enforce))
+    x, result, steps = _solve(p.model, p.chip, option.design, load, args, option.replicas,
+                              p.chips, per_kw, solver)
     policy = rounded(x, p.load)
     e, goodput, value = _estimate(p.model, p.chip, option.design, _x(policy, p.load), load,
                                   option.replicas, p.chips, *slos, per_kw)
@@ -272,6 +277,15 @@ def tune(p: Problem, *, max_steps: int = 150, backoffs: int = 3, tries: int = 2,
                 policy, steps = new, steps + 1
             if met:
                 break
+        if not any(t[0] for t in tried):
+            # No p99 within its SLO: goodput still counts the requests meeting both, so
+            # the best option's goodput alone is maximised (p99 constraints dropped).
+            best = candidates[0]
+            loose = _candidate(p, best.option, solver, enforce=False)
+            summary = simulated(p, best.option, loose.policy)
+            simulations += 1
+            tried.append((slo_met(p, summary), float(objective_of(p, summary)), loose,
+                          loose.policy, summary, 0))
     met, value, candidate, policy, summary, steps = max(tried, key=lambda t: t[:2])
     option = candidate.option
     per_kw = p.objective == "goodput_per_kw"
