@@ -44,6 +44,8 @@ SCENARIOS = (
     ("qwen3-32b", "h100", 2, 1024, 256, INTERACTIVE, 0.7, 1.0),
     ("llama-3.1-70b", "h200", 4, 1024, 256, SERVER, 0.9, 1.0),
     ("llama-3.1-70b", "h200", 4, 1024, 256, INTERACTIVE, 0.7, 1.0),
+    ("llama-3.1-8b", "h100", 1, 2048, 128, INTERACTIVE, 0.6, 1.0),
+    ("llama-3.1-8b", "h100", 1, 512, 512, SERVER, 0.95, 1.0),
 )
 #: A smaller grid than `policy.grid_search`'s default keeps the benchmark within minutes
 #: on 2 CPU cores: 4 budgets x 4 sequence caps x 2 chunk caps per layout option.
@@ -59,20 +61,50 @@ def scenario_rate(model, chip, chips, isl, osl, cv, load):
                                                              sim.Policy(), at))
 
 
+def markdown(rows) -> str:
+    """The rows as the README's table."""
+    def pol(d):
+        chunk = d["long_prefill_token_threshold"]
+        return (f"{d['max_num_batched_tokens']}/{d['max_num_seqs']}/"
+                f"{'-' if chunk is None else chunk}")
+
+    lines = ["| scenario | SLO TTFT/TPOT | rate | tuned (budget/seqs/chunk, layout) | "
+             "tuned goodput/chip | grid best | grid goodput/chip | ratio | tuned s | grid s "
+             "(points) |", "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        met = {True: "", False: " (SLO missed)"}
+        lines.append(
+            f"| {r['model']}, {r['chips']}x {r['chip']}, {r['isl']}/{r['osl']}"
+            f"{', cv ' + format(r['cv'], 'g') if r['cv'] != 1 else ''} | "
+            f"{r['ttft_slo_s'] * 1e3:.0f}/{r['tpot_slo_s'] * 1e3:.0f} ms | {r['rate']:.2f}/s | "
+            f"{pol(r['tuned_policy'])}, {r['tuned_layout']} | "
+            f"{r['tuned_goodput_per_chip']:.2f}{met[r['tuned_slo_met']]} | "
+            f"{pol(r['grid_policy'])}, {r['grid_layout']} | "
+            f"{r['grid_goodput_per_chip']:.2f}{met[r['grid_slo_met']]} | {r['ratio']:.3f} | "
+            f"{r['tuned_wall_s']:.1f} | {r['grid_wall_s']:.0f} ({r['grid_points']}) |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--json", default=str(HERE / "bench_policy.json"))
     parser.add_argument("--only", type=int, default=None, help="run the first N scenarios")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the rows of --json as a Markdown table and exit")
     parser.add_argument("--pick", default=None,
                         help="comma-separated scenario indices to rerun, merged into --json")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(pathlib.Path(args.json).read_text())["rows"]))
+        return
     rows, picked = [], list(enumerate(SCENARIOS))[:args.only]
     if args.pick:
         keep = {int(i) for i in args.pick.split(",")}
         picked = [(i, spec) for i, spec in picked if i in keep]
-        rows = [r for r in json.loads(pathlib.Path(args.json).read_text())["rows"]
-                if r["index"] not in keep]
+        old = json.loads(pathlib.Path(args.json).read_text())["rows"]
+        rows = [dict(r, index=r.get("index", i)) for i, r in enumerate(old)]
+        rows = [r for r in rows if r["index"] not in keep]
     for index, spec in picked:
         name, chip_name, chips, isl, osl, (ttft, tpot), load, cv = spec
         model, chip = pm.get_model(name), pm.get_chip(chip_name)
