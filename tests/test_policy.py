@@ -131,3 +131,8 @@ def test_cli_json_keys(capsys):
     assert {"max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold", "tp",
             "replicas"} <= set(out["policy"])
     assert out["p50"]["ttft_s"] <= out["p99"]["ttft_s"]
+    # The table of the same run (kernels compiled by now).
+    assert main(argv[:-3] + ["--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("# llama-3.1-8b on 1 x h100") and "surrogate p99" in table
+    assert "# grid:" in table
