@@ -21,7 +21,8 @@ import sys
 #: Subcommands, in help order, and the module of `perfmodel.commands` that provides each
 #: (`list` would shadow the builtin inside the package).
 _COMMANDS = {"pareto": "pareto", "compare": "compare", "predict": "predict",
-             "optimize": "optimize", "simulate": "simulate", "list": "catalog"}
+             "optimize": "optimize", "simulate": "simulate", "policy": "policy",
+             "list": "catalog"}
 
 
 class _UsageError(Exception):

@@ -18,11 +18,14 @@ BASES = {
     "compare": ["compare", "--model", "gpt-oss-120b", "--mode", "predicted"],
     "predict": ["predict", "calibration/data/benchmarks_inferencemax.csv"],
     "list": ["list", "chips"],
+    "policy": ["policy", "--model", "llama-3.1-8b", "--chip", "h100", "--rate", "4",
+               "--max-ttft-p99-ms", "500", "--max-tpot-p99-ms", "40"],
 }
 
 #: Options whose value must be a positive integer, per command.
 INTEGERS = {"pareto": ("--isl", "--osl", "--chips"), "optimize": ("--isl", "--osl", "--chips",
-            "--steps", "--blocks"), "compare": ("--isl", "--osl")}
+            "--steps", "--blocks"), "compare": ("--isl", "--osl"),
+            "policy": ("--isl", "--osl", "--chips", "--requests")}
 #: Options whose value must be a positive finite number (optimize's limits and prices).
 LIMITS = ("--max-tpot-ms", "--min-interactivity", "--max-ttft-ms", "--max-e2e-s",
           "--max-power-w", "--max-deployment-power-kw", "--usd-per-chip-hour", "--usd-per-kwh")
@@ -30,7 +33,7 @@ LIMITS = ("--max-tpot-ms", "--min-interactivity", "--max-ttft-ms", "--max-e2e-s"
 NAMES = {"pareto": ("--model", "--chip", "--precision", "--format"),
          "optimize": ("--model", "--chip", "--precision", "--format", "--objective"),
          "compare": ("--model", "--chips", "--mode", "--format"),
-         "list": ("--format",)}
+         "list": ("--format",), "policy": ("--model", "--chip", "--format", "--objective")}
 
 bad_numbers = st.sampled_from(["nan", "inf", "-inf", "-1", "0", "-0.5", "1e400", "", "x",
                                "1,2", "0x10", "NaN", "--"])
