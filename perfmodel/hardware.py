@@ -209,7 +209,7 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
     `collective_base_us` the fixed cost of any collective. `idle_w` defaults to 0.15 x TDP
     and `allin_kw` to 2 x TDP (documented assumptions; presets give published values where
     any exist). `scaleup_algorithms` lists a switch's all-reduce algorithms separated by
-    "|", a one-shot limit as `one_shot<=N` (e.g. "ring|one_shot<=8|nvls"; see
+    "|", a one-shot limit as `one_shot<=N` (e.g. "ring|tree|one_shot<=128"; see
     `perfmodel.interconnect`). `slice_tb_s` defaults to 2 x HBM bandwidth (a fabric that
     rarely binds).
 

@@ -32,6 +32,14 @@ protocol per call):
 The minimum is `perfmodel.smooth.smooth_min` (differentiable; at most n^(1/p) below the
 exact minimum where algorithms tie) or, with `Switch.hard`, the exact minimum. Other
 collectives and other topologies keep the ring formulas.
+
+Which algorithms a chip's fabric offers is its `scaleup_algorithms` in `data/chips.csv`.
+GPU fabrics keep the ring only: their per-step and base latencies are fitted (calibration/
+fit.py) to NCCL measurements and InferenceMAX rows priced with the ring, which absorbs the
+libraries' own choice; offering one-shot and NVLS on NVLink without refitting moved the
+held-out InferenceMAX medians from 6.5 % to 10.3 % (throughput) and 7.7 % to 8.1 % (TPOT)
+(`python calibration/validate.py --no-refit --skip-loco`). Jalapeno offers ring, tree and
+one-shot across its 128-chip domain (its assumptions in chips.csv).
 """
 
 from __future__ import annotations

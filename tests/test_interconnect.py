@@ -188,3 +188,13 @@ def test_wide_tensor_parallelism_lowers_batch1_latency_on_jalapeno(model):
 
     assert tpot(chip, 32) < tpot(chip, 8)
     assert tpot(ring, 32) > tpot(ring, 8)
+
+
+def test_gpu_fabrics_keep_the_ring_their_fit_was_made_with():
+    """GPU scale-up tiers offer only the ring (their latencies are fitted with it; see the
+    interconnect module docstring); Jalapeno's offers the tree and one-shot across its
+    domain."""
+    for name in ("h100", "b200", "gb200", "gb300", "mi355x"):
+        assert pm.get_chip(name).scale_up.algorithms == ("ring",), name
+    up = pm.get_chip("jalapeno").scale_up
+    assert up.algorithms == ("ring", "tree", "one_shot") and up.direct_max_group == 128
