@@ -86,6 +86,19 @@ def test_floor_peak_definition_kept(predicted):
     assert floor["baseline_peak_tput_per_chip"] >= row["baseline_peak_tput_per_chip"] * 0.999
 
 
+@pytest.mark.slow
+def test_chip_top_rules_interactivity_and_number():
+    """--chip-top interactivity: Jalapeno's peak at or above the GPU's tok/s/user at its
+    top; a number: at most that many requests per chip."""
+    kwargs = dict(modes=("predicted",), chips=8, grid=(1.0, 64.0, 1024.0))
+    (row,) = cmp.compare(["gpt-oss-120b"], chip_top="interactivity", **kwargs)
+    assert row["interactivity_at_peak"] >= row["baseline_interactivity_at_peak"]
+    assert row["baseline_top_requests_per_chip"] == 128.0
+    (row,) = cmp.compare(["gpt-oss-120b"], chip_top=16.0, **kwargs)
+    assert row["requests_per_chip_at_peak"] <= 16.0 * (1 + 1e-9)
+    assert row["chip_top_requests_per_chip"] == 16.0
+
+
 def test_invalid_mode_and_baselines_raise():
     with pytest.raises(ValueError, match="peak"):
         cmp.compare(["gpt-oss-120b"], peak="highest")
