@@ -173,6 +173,22 @@ def _whole(value, chip: str, key: str) -> int:
     return int(value)
 
 
+def _algorithms(text: str, name: str) -> dict:
+    """`Switch` keyword arguments of a `scaleup_algorithms` string ("ring|one_shot<=8")."""
+    algorithms, limit = [], {}
+    for part in str(text).split("|"):
+        part = part.strip()
+        if part.startswith("one_shot<="):
+            try:
+                limit = {"direct_max_group": int(part[len("one_shot<="):])}
+            except ValueError:
+                raise ValueError(f"chip {name!r}: scaleup_algorithms {text!r}: one_shot<=N "
+                                 "needs an integer N") from None
+            part = "one_shot"
+        algorithms.append(part)
+    return {"algorithms": tuple(algorithms), **limit}
+
+
 def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: float,
                    scaleup_gb_s: float, tdp_w: float, fp8_tflops: float | None = None,
                    int8_tops: float | None = None, fp4_tflops: float | None = None,
@@ -181,7 +197,8 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
                    scaleup_latency_us: float = 1.0, collective_base_us: float = 6.0,
                    domain_size: int = 8,
                    scaleup_topology: str = "switch", torus_dims: tuple[int, ...] = (16, 16),
-                   scaleout_gb_s: float = 50.0, scaleout_latency_us: float = 10.0,
+                   scaleup_algorithms: str = "ring", scaleout_gb_s: float = 50.0,
+                   scaleout_latency_us: float = 10.0,
                    idle_w: float | None = None, allin_kw: float | None = None,
                    energy: EnergyCoefficients | None = None,
                    efficiency: Efficiency | None = None) -> Chip:
@@ -191,7 +208,10 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
     `scaleup_gb_s` is per chip per direction; `scaleup_latency_us` is per algorithm step and
     `collective_base_us` the fixed cost of any collective. `idle_w` defaults to 0.15 x TDP
     and `allin_kw` to 2 x TDP (documented assumptions; presets give published values where
-    any exist). `slice_tb_s` defaults to 2 x HBM bandwidth (a fabric that rarely binds).
+    any exist). `scaleup_algorithms` lists a switch's all-reduce algorithms separated by
+    "|", a one-shot limit as `one_shot<=N` (e.g. "ring|tree|one_shot<=128"; see
+    `perfmodel.interconnect`). `slice_tb_s` defaults to 2 x HBM bandwidth (a fabric that
+    rarely binds).
 
     Raises:
         ValueError: a non-positive or missing required number, naming it.
@@ -219,7 +239,7 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
     link = dict(bandwidth=scaleup_gb_s * 1e9, latency=scaleup_latency_us * 1e-6,
                 base_latency=collective_base_us * 1e-6)
     if scaleup_topology == "switch":
-        up = Switch(**link)
+        up = Switch(**link, **_algorithms(scaleup_algorithms, name))
     elif scaleup_topology == "torus":
         up = Torus(**link, dims=tuple(torus_dims))
     elif scaleup_topology == "ring":

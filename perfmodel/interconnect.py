@@ -14,6 +14,32 @@ Formulas (ring algorithms, as NCCL uses for large messages; Thakur, Rabenseifner
 where B is the achieved per-chip unidirectional bandwidth (link bandwidth x efficiency), and
 every collective also pays a fixed `base_latency` (launch and synchronisation: nccl-tests
 show about 8-10 us for the smallest all-gather on two B200s, shared/data NCCL table).
+
+All-reduce on a `Switch` is priced by the minimum over the algorithms the fabric offers
+(`Switch.algorithms`, `ALL_REDUCE_ALGORITHMS`), as libraries pick one by message and group
+size (NCCL's cost model, NVIDIA/nccl src/graph/tuning.cc, takes the cheapest algorithm and
+protocol per call):
+- "ring": the formula above.
+- "tree": recursive halving reduce-scatter and recursive doubling all-gather (Rabenseifner;
+  Thakur et al. 2005), 2 ceil(log2 n) alpha + 2 (n-1)/n * M / B, on a full-bisection switch.
+  Not offered on NVLink: NCCL's tree is a chain inside a node (tuning.cc prices its
+  intra-node latency by nRanks/nNodes - 1 hops, its log2 only across nodes).
+- "one_shot": every chip reads the n-1 peers' buffers and reduces locally, alpha + (n-1) *
+  M / B (TensorRT-LLM's and vLLM's custom all-reduce for small messages, on up to
+  `Switch.direct_max_group` chips: 8 in both libraries' NVLink kernels).
+- "nvls": the switch reduces (NVLink SHARP, NCCL's NVLS algorithm since NCCL 2.17): a
+  multimem load-reduce and a multicast store, 2 alpha + M / B.
+The minimum is `perfmodel.smooth.smooth_min` (differentiable; at most n^(1/p) below the
+exact minimum where algorithms tie) or, with `Switch.hard`, the exact minimum. Other
+collectives and other topologies keep the ring formulas.
+
+Which algorithms a chip's fabric offers is its `scaleup_algorithms` in `data/chips.csv`.
+GPU fabrics keep the ring only: their per-step and base latencies are fitted (calibration/
+fit.py) to NCCL measurements and InferenceMAX rows priced with the ring, which absorbs the
+libraries' own choice; offering one-shot and NVLS on NVLink without refitting moved the
+held-out InferenceMAX medians from 6.5 % to 10.3 % (throughput) and 7.7 % to 8.1 % (TPOT)
+(`python calibration/validate.py --no-refit --skip-loco`). Jalapeno offers ring, tree and
+one-shot across its 128-chip domain (its assumptions in chips.csv).
 """
 
 from __future__ import annotations
@@ -26,9 +52,13 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .checks import FRACTION, NON_NEGATIVE, POSITIVE, as_number, check
+from .smooth import smooth_min
 from .static import ceil, is_static, maximum
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+#: All-reduce algorithms a `Switch` may offer (see the module docstring).
+ALL_REDUCE_ALGORITHMS = ("ring", "tree", "one_shot", "nvls")
 
 
 def _array(x):
@@ -77,7 +107,11 @@ class AbstractInterconnect(eqx.Module):
             raise ValueError(f"collective group size must be a positive integer, got {n!r}")
         if n == 1 and kind != "p2p":
             return jnp.zeros_like(_array(message_bytes))
-        steps, bw_mult, traffic = self._effective(kind, int(n))
+        return self._cost(kind, message_bytes, int(n))
+
+    def _cost(self, kind, message_bytes, n):
+        """Seconds of one collective among n >= 2 chips (static or an array)."""
+        steps, bw_mult, traffic = self._effective(kind, n)
         return self._time(steps, bw_mult, traffic, message_bytes)
 
     def _time(self, steps, bw_mult, traffic, message_bytes):
@@ -90,8 +124,7 @@ class AbstractInterconnect(eqx.Module):
     def _time_numbers(self, kind, message_bytes, n):
         # The formulas run on n >= 2 (a group of one moves nothing and its terms, e.g. a
         # torus spanning no axis, divide by zero); groups of one then select 0.
-        steps, bw_mult, traffic = self._effective(kind, jnp.maximum(n, 2.0))
-        time = self._time(steps, bw_mult, traffic, message_bytes)
+        time = self._cost(kind, message_bytes, jnp.maximum(n, 2.0))
         if kind == "p2p":
             return time
         return jnp.where(n == 1, 0.0, time)
@@ -108,16 +141,64 @@ def _ring_traffic(kind: str, n):
 
 class Switch(AbstractInterconnect):
     """A switched fabric (NVLink Switch, Ethernet): every chip reaches every other at its full
-    per-chip bandwidth. `bandwidth` is bytes/s per chip per direction."""
+    per-chip bandwidth. `bandwidth` is bytes/s per chip per direction.
+
+    Example (a low-latency switch: a one-step all-reduce beats the ring's 2 (n-1) steps on
+    small messages; 64 chips, 16 kB):
+        >>> ring = Switch(bandwidth=800e9, latency=2e-6, efficiency=1.0)
+        >>> fast = Switch(bandwidth=800e9, latency=2e-6, efficiency=1.0,
+        ...               algorithms=("ring", "tree", "one_shot"), direct_max_group=128,
+        ...               hard=True)
+        >>> round(float(ring.time("all_reduce", 16e3, 64)) * 1e6, 1)
+        252.0
+        >>> round(float(fast.time("all_reduce", 16e3, 64)) * 1e6, 1)
+        3.3
+    """
 
     bandwidth: jnp.ndarray = eqx.field(converter=as_number)
     latency: jnp.ndarray = eqx.field(converter=as_number)
     efficiency: jnp.ndarray = eqx.field(converter=as_number, default=0.8)
     base_latency: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    algorithms: tuple[str, ...] = eqx.field(static=True, default=("ring",))
+    """All-reduce algorithms the fabric and its library offer (`ALL_REDUCE_ALGORITHMS`)."""
+    direct_max_group: int = eqx.field(static=True, default=8)
+    """Largest group (chips) of the one-shot all-reduce."""
+    hard: bool = eqx.field(static=True, default=False)
+    """Price an all-reduce by the exact minimum over `algorithms` (else the smooth one)."""
+
+    def __check_init__(self):
+        algorithms = self.algorithms
+        if not (isinstance(algorithms, tuple) and "ring" in algorithms
+                and all(a in ALL_REDUCE_ALGORITHMS for a in algorithms)):
+            raise ValueError(f"Switch.algorithms must be a tuple of {ALL_REDUCE_ALGORITHMS} "
+                             f"including 'ring', got {algorithms!r}")
+        if not (isinstance(self.direct_max_group, int) and self.direct_max_group >= 2):
+            raise ValueError("Switch.direct_max_group must be an integer >= 2, got "
+                             f"{self.direct_max_group!r}")
 
     def _effective(self, kind, n):
         steps, traffic = _ring_traffic(kind, n)
         return steps, 1.0, traffic
+
+    def _cost(self, kind, message_bytes, n):
+        ring = super()._cost(kind, message_bytes, n)
+        if kind != "all_reduce" or self.algorithms == ("ring",):
+            return ring
+        times = [ring]
+        frac = 2.0 * (n - 1) / n
+        if "tree" in self.algorithms:
+            log_n = math.ceil(math.log2(n)) if is_static(n) else jnp.ceil(jnp.log2(n))
+            times.append(self._time(2.0 * log_n, 1.0, frac, message_bytes))
+        if "one_shot" in self.algorithms:
+            direct = self._time(1.0, 1.0, n - 1.0, message_bytes)
+            if is_static(n):
+                if n <= self.direct_max_group:
+                    times.append(direct)
+            else:
+                times.append(jnp.where(n <= self.direct_max_group, direct, jnp.inf))
+        if "nvls" in self.algorithms:
+            times.append(self._time(2.0, 1.0, 1.0, message_bytes))
+        return smooth_min(*jnp.broadcast_arrays(*times), hard=self.hard)
 
 
 class Ring(AbstractInterconnect):

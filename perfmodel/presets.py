@@ -223,6 +223,7 @@ def _datasheet_kwargs(key: str) -> dict:
         slice_tb_s=_num(row, "slice_tb_s"), scaleup_gb_s=_num(row, "scaleup_gb_s"),
         scaleup_latency_us=_num(row, "scaleup_latency_us"),
         scaleup_topology=row["scaleup_topology"], torus_dims=dims,
+        scaleup_algorithms=row.get("scaleup_algorithms") or "ring",
         domain_size=int(_num(row, "domain_size")), scaleout_gb_s=_num(row, "scaleout_gb_s"),
         scaleout_latency_us=_num(row, "scaleout_latency_us"), tdp_w=tdp,
         idle_w=idle if idle is not None else 0.15 * tdp,

@@ -57,12 +57,53 @@ def test_predicted_row_keys_and_ratio_definitions(predicted):
         row["ratio_tok_s_per_chip_at_peak"] * 1200.0 / 700.0, rel=1e-9)
     assert row["ratio_e2e_latency"] == pytest.approx(
         row["baseline_e2e_s_at_peak"] / row["e2e_s_at_peak"], rel=1e-9)
+    # InferenceX's peak: both chips at the top of their sweeps, at most the GB200 top of 128
+    # requests per GPU (Jalapeno: the same requests per chip, the default rule).
+    assert row["peak_definition"].startswith("top")
+    assert row["baseline_top_requests_per_chip"] == 128.0
+    assert row["chip_top_requests_per_chip"] == 128.0
+    assert row["baseline_requests_per_chip_at_peak"] <= 128.0 * (1 + 1e-9)
+    assert row["requests_per_chip_at_peak"] <= 128.0 * (1 + 1e-9)
+    # Little's law holds on the row's own points (throughput = requests x tokens / E2E).
+    assert row["littles_law_ratio_tok_s_per_kw"] == pytest.approx(
+        row["ratio_tok_s_per_kw_at_peak"], rel=0.05)
+    assert row["implied_requests_per_chip_ratio"] == pytest.approx(0.652, abs=1e-3)
     # The low-concurrency point is the most interactive one, above the peak point's.
     assert row["interactivity_low_concurrency"] > row["interactivity_at_peak"]
     assert row["e2e_s_low_concurrency"] < row["e2e_s_at_peak"]
 
 
+@pytest.mark.slow
+def test_floor_peak_definition_kept(predicted):
+    """--peak floor: the most throughput at or above 10 tok/s/user, over the same sweep."""
+    (row,) = predicted
+    (floor,) = cmp.compare(["gpt-oss-120b"], modes=("predicted",), chips=8,
+                           grid=(1.0, 64.0, 1024.0), peak="floor")
+    assert floor["peak_definition"].startswith("floor")
+    assert floor["interactivity_at_peak"] >= cmp.PEAK_MIN_INTERACTIVITY
+    assert "baseline_top_requests_per_chip" not in floor
+    # Uncapped, the floor's peak carries at least the top's throughput per chip.
+    assert floor["baseline_peak_tput_per_chip"] >= row["baseline_peak_tput_per_chip"] * 0.999
+
+
+@pytest.mark.slow
+def test_chip_top_rules_interactivity_and_number():
+    """--chip-top interactivity: Jalapeno's peak at or above the GPU's tok/s/user at its
+    top; a number: at most that many requests per chip."""
+    kwargs = dict(modes=("predicted",), chips=8, grid=(1.0, 64.0, 1024.0))
+    (row,) = cmp.compare(["gpt-oss-120b"], chip_top="interactivity", **kwargs)
+    assert row["interactivity_at_peak"] >= row["baseline_interactivity_at_peak"]
+    assert row["baseline_top_requests_per_chip"] == 128.0
+    (row,) = cmp.compare(["gpt-oss-120b"], chip_top=16.0, **kwargs)
+    assert row["requests_per_chip_at_peak"] <= 16.0 * (1 + 1e-9)
+    assert row["chip_top_requests_per_chip"] == 16.0
+
+
 def test_invalid_mode_and_baselines_raise():
+    with pytest.raises(ValueError, match="peak"):
+        cmp.compare(["gpt-oss-120b"], peak="highest")
+    with pytest.raises(ValueError, match="chip_top"):
+        cmp.compare(["gpt-oss-120b"], chip_top="largest")
     with pytest.raises(ValueError, match="mode"):
         cmp.compare(["gpt-oss-120b"], modes=("guessed",))
     with pytest.raises(ValueError, match="baselines"):
@@ -120,3 +161,50 @@ def test_inferred_fit_gradients_finite_where_reverse_mode_was_not():
         assert np.isfinite(float(grads[key])), key
         np.testing.assert_allclose(float(grads[key]), float(eager[key]), rtol=1e-6,
                                    atol=1e-12)
+
+
+def test_gpu_top_concurrency_rederived_from_inferencemax_rows():
+    """`GPU_TOP_CONCURRENCY` is the requests per GPU of the highest tput_per_gpu among each
+    model's 8K/1K FP4 GB200 rows without speculative decoding (GB300 has no rows)."""
+    import csv
+    import pathlib
+    path = pathlib.Path(__file__).parents[1] / "calibration" / "data" / \
+        "benchmarks_inferencemax.csv"
+    with path.open() as f:
+        every = list(csv.DictReader(f))
+    rows = [r for r in every if r["isl"] == "8192" and r["osl"] == "1024"
+            and r["precision"] == "fp4" and r["hardware"] == "gb200"
+            and r["spec_decoding"] == "none"]
+    assert not any(r["hardware"] == "gb300" for r in every)
+    for model, logged in (("gpt-oss-120b", ("gpt-oss-120b",)),
+                          ("deepseek-r1", ("DeepSeek-R1", "DeepSeek-R1-0528"))):
+        best = max((r for r in rows if r["model"] in logged),
+                   key=lambda r: float(r["tput_per_gpu"]))
+        gpus = float(best["num_prefill_gpu"]) + float(best["num_decode_gpu"])
+        top, source = cmp.gpu_top_concurrency(model)
+        assert top == pytest.approx(float(best["conc"]) / gpus)
+        assert best["run_id"] in source
+    assert cmp.gpu_top_concurrency("kimi-k2.5")[0] == cmp.gpu_top_concurrency("deepseek-r1")[0]
+    assert cmp.gpu_top_concurrency("llama-3.1-8b")[0] == 128.0
+
+
+def test_consistency_reported_pair_implies_requests_ratio():
+    # J01/J02: 1.9 / (1.7 x 1200/700) = 0.652 requests per chip; J03/J04 0.236.
+    row = {"tdp_w": 700.0, "baseline_tdp_w": 1200.0, "requests_per_chip_at_peak": 64.0,
+           "baseline_requests_per_chip_at_peak": 128.0, "ratio_e2e_latency": 2.0,
+           "reported_ratio_tok_s_per_kw_at_peak": 1.9, "reported_ratio_e2e_latency": 1.7,
+           "baseline_ttft_s_at_peak": 1.0, "baseline_interactivity_at_peak": 50.0,
+           "output_len": 1024.0}
+    c = cmp.consistency(row)
+    assert c["requests_per_chip_ratio_at_peak"] == pytest.approx(0.5)
+    assert c["littles_law_ratio_tok_s_per_kw"] == pytest.approx(2.0 * 1200 / 700 * 0.5)
+    assert c["implied_requests_per_chip_ratio"] == pytest.approx(1.9 / (1.7 * 1200 / 700))
+    assert all(c[k].startswith("excluded") for k in (
+        "check_matched_throughput_per_chip", "check_matched_tokens_per_s_per_kW",
+        "check_matched_interactivity"))
+    # A pair at the TDP ratio is consistent with matched throughput per chip, and an E2E
+    # ratio within the TTFT bound (1 + 1 s x 50 / 1024) with matched interactivity.
+    row.update(reported_ratio_tok_s_per_kw_at_peak=1.7, reported_ratio_e2e_latency=1.04)
+    c = cmp.consistency(row)
+    assert c["check_matched_throughput_per_chip"].startswith("consistent")
+    assert c["check_matched_interactivity"].startswith("consistent")

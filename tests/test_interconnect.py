@@ -124,3 +124,77 @@ def test_collective_time_monotone(message, extra, n, faster, kind):
 def test_invalid_collective_raises(kind, n):
     with pytest.raises(ValueError, match="collective"):
         TIERS["switch"].time(kind, jnp.asarray(1e6), n)
+
+
+ALL = pm.Switch(bandwidth=BANDWIDTH, latency=ALPHA, efficiency=1.0,
+                algorithms=("ring", "tree", "one_shot", "nvls"), direct_max_group=8, hard=True)
+
+
+@pytest.mark.parametrize("message, n", [(16e3, 8), (16e3, 64), (1e6, 64), (1e9, 8),
+                                        (1e9, 72)])
+def test_all_reduce_takes_the_cheapest_algorithm(message, n):
+    """Hard mode: the exact minimum of the ring, recursive halving/doubling, one-shot (up to
+    8 chips) and switch-reduction formulas of the interconnect module docstring."""
+    log_n = np.ceil(np.log2(n))
+    options = [2 * (n - 1) / n * message / BANDWIDTH + 2 * (n - 1) * ALPHA,
+               2 * (n - 1) / n * message / BANDWIDTH + 2 * log_n * ALPHA,
+               2 * ALPHA + message / BANDWIDTH]
+    if n <= 8:
+        options.append(ALPHA + (n - 1) * message / BANDWIDTH)
+    np.testing.assert_allclose(float(ALL.time("all_reduce", message, n)), min(options),
+                               rtol=1e-12)
+    # Traced group sizes select the same algorithm.
+    traced = ALL.time("all_reduce", message, jnp.asarray([float(n)]))
+    np.testing.assert_allclose(float(traced[0]), min(options), rtol=1e-12)
+
+
+def test_smooth_selection_bounds_and_ring_only_default():
+    """The smooth minimum lies within n_algorithms^(1/p) below the exact one; a switch
+    offering only the ring (the default, and every other collective) is the ring formula."""
+    smooth = pm.Switch(bandwidth=BANDWIDTH, latency=ALPHA, efficiency=1.0,
+                       algorithms=ALL.algorithms)
+    for message, n in ((16e3, 8), (1e9, 8), (1e6, 64)):
+        exact = float(ALL.time("all_reduce", message, n))
+        got = float(smooth.time("all_reduce", message, n))
+        assert exact / 4 ** (1 / 24) <= got <= exact
+        np.testing.assert_allclose(float(ALL.time("all_gather", message, n)),
+                                   alpha_beta("all_gather", message, n), rtol=1e-12)
+    np.testing.assert_allclose(float(TIERS["switch"].time("all_reduce", 16e3, 64)),
+                               alpha_beta("all_reduce", 16e3, 64), rtol=1e-12)
+    with pytest.raises(ValueError, match="Switch.algorithms"):
+        pm.Switch(bandwidth=BANDWIDTH, latency=ALPHA, algorithms=("tree",))
+    with pytest.raises(ValueError, match="Switch.algorithms"):
+        pm.Switch(bandwidth=BANDWIDTH, latency=ALPHA, algorithms=("ring", "magic"))
+
+
+@pytest.mark.parametrize("model", ["deepseek-r1", "llama-3.1-70b"])
+def test_wide_tensor_parallelism_lowers_batch1_latency_on_jalapeno(model):
+    """On Jalapeno's low-latency 128-chip switch (one-shot and tree all-reduce), a batch-1
+    decode step gets faster from tp8 to tp32: each chip reads less weight while the
+    all-reduce stays a few steps long. With ring all-reduce only it gets slower (2 (n-1)
+    steps per all-reduce)."""
+    import dataclasses
+
+    import equinox as eqx
+    chip, m = pm.get_chip("jalapeno"), pm.get_model(model)
+    ring = eqx.tree_at(lambda c: c.scale_up, chip,
+                       dataclasses.replace(chip.scale_up, algorithms=("ring",)))
+    workload = pm.Workload(8192, 1024)
+
+    def tpot(c, tp):
+        design = pm.Design(concurrency=1.0, layout=pm.Layout(tp=tp),
+                           precision=pm.precision(c, m, "fp4"))
+        return float(pm.predict(m, c, workload, design).tpot)
+
+    assert tpot(chip, 32) < tpot(chip, 8)
+    assert tpot(ring, 32) > tpot(ring, 8)
+
+
+def test_gpu_fabrics_keep_the_ring_their_fit_was_made_with():
+    """GPU scale-up tiers offer only the ring (their latencies are fitted with it; see the
+    interconnect module docstring); Jalapeno's offers the tree and one-shot across its
+    domain."""
+    for name in ("h100", "b200", "gb200", "gb300", "mi355x"):
+        assert pm.get_chip(name).scale_up.algorithms == ("ring",), name
+    up = pm.get_chip("jalapeno").scale_up
+    assert up.algorithms == ("ring", "tree", "one_shot") and up.direct_max_group == 128

@@ -39,6 +39,41 @@ def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def _chip_top(text: str):
+    if text in ("same", "interactivity"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give same, interactivity or a positive "
+                                         "number of requests per chip")
+    return value
+
+
+def _checks(rows) -> list[str]:
+    """The consistency lines printed under the table (`jalapeno.consistency`)."""
+    lines = ["# checks (Little's law: x tok/s/kW = x E2E x TDP ratio x requests-per-chip "
+             "ratio):"]
+    for r in rows:
+        head = f"#   {r['model']} vs {r['baseline']} ({r['mode']}):"
+        text = (f"{head} requests/chip at peak {r['requests_per_chip_at_peak']:.1f} vs "
+                f"{r['baseline_requests_per_chip_at_peak']:.1f} (x"
+                f"{r['requests_per_chip_ratio_at_peak']:.2f}; x E2E x TDP x requests = "
+                f"{r['littles_law_ratio_tok_s_per_kw']:.2f})")
+        if "implied_requests_per_chip_ratio" in r:
+            text += (f"; the reported pair implies x{r['implied_requests_per_chip_ratio']:.2f}")
+        lines.append(text)
+    reported = {r["model"]: r for r in rows if "implied_requests_per_chip_ratio" in r}
+    for r in reported.values():
+        for key, verdict in r.items():
+            if key.startswith("check_"):
+                name = key[len("check_"):].replace("_", " ").replace(" per ", "/")
+                lines.append(f"#     {r['model']}: {name} {verdict}")
+    return lines
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "compare", help="a chip against baselines (the Jalapeno comparison)",
@@ -64,6 +99,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--reported", action="store_true",
                         help="add the reported ratios (jalapeno_claims.csv) beside the "
                              "predicted ones")
+    parser.add_argument("--peak", choices=("top", "floor"), default="top",
+                        help="peak-throughput point: top (default, as InferenceX defines "
+                             "it: the top of each chip's concurrency sweep; the GPU's top "
+                             "from the InferenceMAX rows) or floor (the most throughput at "
+                             "or above 10 tok/s/user)")
+    parser.add_argument("--chip-top", type=_chip_top, default="same",
+                        help="with --peak top, the compared chip's top concurrency: same "
+                             "(default: the GPU's requests per chip, as one InferenceX "
+                             "concurrency list runs on every chip), interactivity (the "
+                             "requests per chip matching the GPU's tok/s/user at its top) or "
+                             "a number of requests per chip")
     add_long_context_arg(parser)
     add_format_arg(parser)
     parser.set_defaults(func=run)
@@ -87,7 +133,8 @@ def run(args) -> int:
         chip, baselines = names[0], names[1:]
     modes = ("predicted", "inferred") if args.mode == "both" else (args.mode,)
     rows = compare(models, chip=chip, baselines=baselines, isl=args.isl, osl=args.osl,
-                   reported=args.reported, modes=modes, progress=progress(args))
+                   reported=args.reported, modes=modes, progress=progress(args),
+                   peak=args.peak, chip_top=args.chip_top)
     has_reported = args.reported and all(k in r for r in rows for k, _, _ in REPORTED)
     columns = COLUMNS + (REPORTED if has_reported else ())
     if args.format == "table":
@@ -97,12 +144,25 @@ def run(args) -> int:
         print(render(shown, "table", columns))
         thresholds = ", ".join(f"{r['model']} {r['high_interactivity_threshold']:.0f}"
                                for r in rows if r["mode"] == rows[0]["mode"])
+        if args.peak == "floor":
+            peak = ("peak (--peak floor): the most tokens/s per chip at or above 10 "
+                    "tokens/s/user")
+        else:
+            tops = "; ".join(f"{r['model']} {r['baseline']} "
+                             f"{r['baseline_top_requests_per_chip']:.1f} "
+                             f"({r['baseline_top_source']})"
+                             for r in rows if r["mode"] == rows[0]["mode"])
+            peak = ("peak (--peak top, InferenceX): the most tokens/s per chip at or below "
+                    "each chip's top concurrency. GPU top, requests per GPU: " + tops +
+                    f". {chip} top: {rows[0]['chip_top_rule']}"
+                    + (f" ({rows[0]['chip_top_requests_per_chip']:.1f}/chip where it fits)"
+                       if args.chip_top != "interactivity" else ""))
         print("\n".join(textwrap.wrap(
-            "# peak: the most tokens/s per chip at or above the lowest interactivity "
-            "InferenceX sweeps; low: the point of highest interactivity (one request per "
+            f"# {peak}; low: the point of highest interactivity (one request per "
             "replica); hi-int: the most tok/s per kW of TDP at or above an interactivity "
             f"threshold, half the lower best of the two chips (tok/s/user: {thresholds})",
             100, subsequent_indent="#   ")))
+        print("\n".join(_checks(rows)))
         inferred = [r for r in rows if r["mode"] == "inferred"]
         if inferred:
             r = inferred[0]
@@ -114,6 +174,7 @@ def run(args) -> int:
         inputs = provenance(command="compare", models=models, chip=chip,
                             baselines=baselines or sorted({r["baseline"] for r in rows}),
                             isl=args.isl, osl=args.osl, modes=list(modes),
-                            reported=bool(args.reported))
+                            reported=bool(args.reported), peak=args.peak,
+                            chip_top=args.chip_top)
         print(render(rows, args.format, columns, inputs=inputs))
     return 0

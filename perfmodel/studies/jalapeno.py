@@ -5,10 +5,21 @@ concurrency grid) gives
 
 - the peak-throughput point: throughput per chip, per kW of rated TDP (the normalisation of
   the reported comparison: Jalapeno 700 W, GB200 1,200 W, GB300 1,400 W), its end-to-end
-  latency and interactivity (tokens/s/user), over the points at or above
-  `PEAK_MIN_INTERACTIVITY` (InferenceX's sweeps stop there: the lowest interactivity in the
-  shared InferenceMAX rows is 9.4 tokens/s/user; past it the model's throughput keeps
-  creeping up at minutes of latency that no benchmark measures);
+  latency and interactivity (tokens/s/user). Two definitions (`PEAK_DEFINITIONS`):
+
+  - "top" (default, as InferenceX defines it): the top of the chip's own concurrency sweep,
+    the most throughput per chip over points of at most `top` requests in flight per chip.
+    Every measured InferenceMAX series peaks at its highest tested concurrency, so the
+    baseline's top is the requests per GPU of its measured peak (`GPU_TOP_CONCURRENCY`,
+    cited there). Jalapeno's top is unknown (the reports give no concurrency); the rule
+    (`JALAPENO_TOP`) is "same": the GPU's requests per chip, because the InferenceX harness
+    runs one concurrency list on every chip (its single-node 8K/1K sweeps stop at 128
+    requests on B200, MI355X and H200 alike), capped by the largest batch that fits.
+    "interactivity" (the requests per chip whose per-user speed matches the GPU's at its
+    top) and a number of requests per chip are the alternatives.
+  - "floor": the most throughput per chip over points at or above `PEAK_MIN_INTERACTIVITY`
+    tokens/s/user (the lowest interactivity in the shared InferenceMAX rows is 9.4).
+
 - the low-concurrency point: the point of highest interactivity (one request per replica on
   the widest layout), its interactivity and end-to-end latency;
 - the high-interactivity point: the most tokens/s per kW among points at or above an
@@ -16,7 +27,11 @@ concurrency grid) gives
   reports do not say which level they used; `threshold` overrides it).
 
 Ratios are chip over baseline for throughput, baseline over chip for latency (how many
-times lower). Two modes:
+times lower). `consistency` adds the checks a reader needs to judge a reported pair: by
+Little's law (requests in flight = throughput x E2E per request) the tokens/s per kW ratio
+is the E2E ratio x the TDP ratio (baseline/chip) x the requests-per-chip ratio, so a pair
+implies the requests per chip each side ran, and fixes which comparison definitions it
+cannot have used. Two modes:
 
 - predicted: Jalapeno from its reported specs (`data/chips.csv`, assumptions listed there)
   with the efficiencies and power coefficients fitted on GPUs; nothing tuned to the ratios.
@@ -98,6 +113,7 @@ class ChipPoints:
     low_layout: str
     max_interactivity: float
     sweep: Sweep = dataclasses.field(repr=False, compare=False)
+    peak_ttft_s: float = float("nan")
 
     def high_interactivity_tok_s_per_kw(self, threshold: float) -> float:
         v = self.sweep.values
@@ -105,36 +121,151 @@ class ChipPoints:
         return float(np.max(v["tok_s_per_kw_tdp"][ok])) if ok.any() else float("nan")
 
 
-#: Interactivity floor of the peak-throughput point (tokens/s/user); see the module docstring.
+#: Interactivity floor of the "floor" peak definition (tokens/s/user).
 PEAK_MIN_INTERACTIVITY = 10.0
+
+#: Definitions of the peak-throughput point (see the module docstring).
+PEAK_DEFINITIONS = ("top", "floor")
+
+#: Rules for Jalapeno's top concurrency (a number of requests per chip is also accepted).
+JALAPENO_TOP_RULES = ("same", "interactivity")
+
+#: The default rule for Jalapeno's top concurrency (see the module docstring).
+JALAPENO_TOP = "same"
+
+#: The top of the baseline GPU's InferenceX sweep at 8K/1K: (requests in flight per GPU,
+#: source). Each is the requests per GPU of the highest `tput_per_gpu` among the model's
+#: 8K/1K FP4 rows without speculative decoding in shared/data/benchmarks_inferencemax.csv
+#: (columns conc / (num_prefill_gpu + num_decode_gpu)); the rows hold GB200 but no GB300,
+#: so GB200's top stands in for GB300's (tests/test_compare.py re-derives these values).
+GPU_TOP_CONCURRENCY = {
+    "gpt-oss-120b": (128.0, "InferenceMAX runs 20737128080, 20742072203, 20764588467: GB200 "
+                            "dynamo-trt FP4, 2 prefill workers + 1 decode worker (TP2), 4 GPUs "
+                            "at conc 512"),
+    "deepseek-r1": (2150.0 / 28.0, "InferenceMAX runs 20321908209, 20356790608: GB200 "
+                                   "DeepSeek-R1-0528 dynamo-trt FP4 no MTP, 5 prefill workers "
+                                   "(TP4) + 1 decode worker (TP8 EP8), 28 GPUs at conc 2150"),
+    "kimi-k2.5": (2150.0 / 28.0, "no Kimi-K2.5 rows: DeepSeek-R1's GB200 top (same "
+                                 "DeepSeek-V3 architecture), runs 20321908209, 20356790608"),
+}
+
+#: Requests per GPU where a model has no InferenceMAX rows: the top of the single-node 8K/1K
+#: sweeps (conc 4..128 on one server; 128 per GPU at TP1, e.g. gpt-oss-120b B200 vLLM/TRT).
+GPU_TOP_DEFAULT = (128.0, "InferenceMAX single-node 8K/1K sweeps stop at conc 128 (TP1: 128 "
+                          "per GPU), e.g. run 20218553330")
+
+
+def gpu_top_concurrency(model: str) -> tuple[float, str]:
+    """(requests in flight per GPU at the top of InferenceX's sweep, source) for a model."""
+    return GPU_TOP_CONCURRENCY.get(get_model(model).name, GPU_TOP_DEFAULT)
+
+
+def top_grid(grid, chips: int, top: float) -> tuple[float, ...]:
+    """`grid` (per replica) plus the concurrency per replica of `top` requests per chip for
+    every power-of-two replica size up to `chips`, so each layout's sweep reaches the top."""
+    extra, size = [], 1
+    while size <= chips:
+        extra.append(float(np.floor(top * size)))
+        size *= 2
+    return tuple(sorted({float(g) for g in grid} | {e for e in extra if e >= 1.0}))
 
 
 def chip_points(model: str, chip: Chip, workload: Workload, chips: int | None = None,
-                grid=DEFAULT_GRID,
-                min_interactivity: float = PEAK_MIN_INTERACTIVITY) -> ChipPoints:
-    """Sweep one chip and pick its peak-throughput (at or above `min_interactivity`) and
-    low-concurrency points."""
+                grid=DEFAULT_GRID, peak: str = "floor",
+                min_interactivity: float = PEAK_MIN_INTERACTIVITY,
+                top: float | None = None) -> ChipPoints:
+    """Sweep one chip and pick its peak-throughput and low-concurrency points.
+
+    Args:
+        peak: "floor" (the most throughput at or above `min_interactivity` tokens/s/user) or
+            "top" (the most throughput at or below `top` requests in flight per chip; the
+            grid is extended to reach it).
+    """
+    if peak not in PEAK_DEFINITIONS:
+        raise ValueError(f"peak {peak!r}: valid definitions are {PEAK_DEFINITIONS}")
+    if peak == "top" and not (top is not None and np.isfinite(top) and top > 0):
+        raise ValueError(f"top {top!r}: the top concurrency must be a positive number of "
+                         "requests per chip")
     m = get_model(model)
     fmt = "fp4"
     if chips is None:
         chips = max(8, auto_chips(m, chip, fmt, float(workload.input_len),
                                   float(workload.output_len)))
+    if peak == "top":
+        grid = top_grid(grid, chips, top)
     s = sweep(m, chip, workload, chips=chips, precision=fmt, grid=grid, progress=False)
     v = s.values
-    usable = v["interactivity"] >= min_interactivity
-    if not usable.any():   # a chip that never reaches the floor: its best point
+    if peak == "top":
+        usable = v["concurrency"] / chips <= top * (1.0 + 1e-9)
+    else:
+        usable = v["interactivity"] >= min_interactivity
+    if not usable.any():   # a chip that never reaches the floor or the cap: its best point
         usable = np.ones_like(usable)
-    peak = int(np.argmax(np.where(usable, v["tput_per_chip_total"], -np.inf)))
+    best = int(np.argmax(np.where(usable, v["tput_per_chip_total"], -np.inf)))
     low = int(np.argmax(v["interactivity"]))
     layout = lambda i: s.layouts[int(s.layout_index[i])].describe()
     return ChipPoints(
         chip=chip.name, chips=int(chips), tdp_w=float(chip.tdp),
-        peak_tput_per_chip=float(v["tput_per_chip_total"][peak]),
-        peak_tok_s_per_kw=float(v["tok_s_per_kw_tdp"][peak]),
-        peak_e2e_s=float(v["e2e_s"][peak]), peak_interactivity=float(v["interactivity"][peak]),
-        peak_layout=layout(peak), peak_concurrency=float(v["concurrency"][peak]),
+        peak_tput_per_chip=float(v["tput_per_chip_total"][best]),
+        peak_tok_s_per_kw=float(v["tok_s_per_kw_tdp"][best]),
+        peak_e2e_s=float(v["e2e_s"][best]), peak_interactivity=float(v["interactivity"][best]),
+        peak_layout=layout(best), peak_concurrency=float(v["concurrency"][best]),
         low_interactivity=float(v["interactivity"][low]), low_e2e_s=float(v["e2e_s"][low]),
-        low_layout=layout(low), max_interactivity=float(np.max(v["interactivity"])), sweep=s)
+        low_layout=layout(low), max_interactivity=float(np.max(v["interactivity"])), sweep=s,
+        peak_ttft_s=float(v["ttft_s"][best]))
+
+
+#: Comparison definitions a reported pair can be checked against: (name, the ratio it fixes,
+#: what it forces, why).
+EXCLUSIONS = (
+    ("matched throughput per chip", "tok_s_per_kw", "the TDP ratio",
+     "equal tokens/s per chip leaves only the TDP normalisation"),
+    ("matched tokens/s per kW", "tok_s_per_kw", "1", "the per-kW ratio is 1 by definition"),
+    ("matched interactivity", "e2e", "~1",
+     "at one tokens/s/user the E2E differs only by the TTFT"),
+)
+
+#: Relative tolerance of a reported one-decimal ratio against a forced value: rounding (up to
+#: 0.05 on 1.5-3.6, 3.3%) plus margin.
+EXCLUSION_TOLERANCE = 0.05
+
+
+def consistency(row: dict) -> dict:
+    """Little's-law checks of one `compare` row (see the module docstring).
+
+    Returns:
+        `requests_per_chip_ratio_at_peak` (chip/baseline, the row's own points),
+        `littles_law_ratio_tok_s_per_kw` (E2E ratio x TDP ratio x requests ratio: equal to
+        the row's per-kW ratio where throughput is requests x tokens per request / E2E), and
+        with reported ratios `implied_requests_per_chip_ratio` (what the reported pair
+        implies) and per definition of `EXCLUSIONS` a `check_<definition>` line
+        ("excluded: ..." or "consistent: ...", with what it forces and the reported value).
+    """
+    tdp = row["baseline_tdp_w"] / row["tdp_w"]
+    out = {"tdp_ratio": tdp,
+           "requests_per_chip_ratio_at_peak":
+               row["requests_per_chip_at_peak"] / row["baseline_requests_per_chip_at_peak"]}
+    out["littles_law_ratio_tok_s_per_kw"] = (row["ratio_e2e_latency"] * tdp
+                                             * out["requests_per_chip_ratio_at_peak"])
+    if "reported_ratio_tok_s_per_kw_at_peak" not in row:
+        return out
+    kw, e2e = row["reported_ratio_tok_s_per_kw_at_peak"], row["reported_ratio_e2e_latency"]
+    out["implied_requests_per_chip_ratio"] = kw / (e2e * tdp)
+    # At one interactivity I the E2E ratio is at most 1 + TTFT_baseline x I / OSL.
+    e2e_bound = 1.0 + row["baseline_ttft_s_at_peak"] * row["baseline_interactivity_at_peak"] \
+        / row["output_len"]
+    for name, ratio, forced, why in EXCLUSIONS:
+        if ratio == "tok_s_per_kw":
+            value = tdp if forced == "the TDP ratio" else 1.0
+            off = abs(kw / value - 1.0) > EXCLUSION_TOLERANCE
+            text = (f"forces tok/s/kW x{value:.2f} ({why}); reported x{kw:g}")
+        else:
+            off = e2e > e2e_bound * (1.0 + EXCLUSION_TOLERANCE)
+            text = (f"forces E2E x{forced} (at most x{e2e_bound:.2f} here: {why}); "
+                    f"reported x{e2e:g}")
+        out["check_" + name.replace(" ", "_").replace("/", "_per_")] = (
+            ("excluded: " if off else "consistent: ") + text)
+    return out
 
 
 def _row(model, mode, a: ChipPoints, b: ChipPoints, threshold, extra) -> dict:
@@ -142,6 +273,11 @@ def _row(model, mode, a: ChipPoints, b: ChipPoints, threshold, extra) -> dict:
     hi_b = b.high_interactivity_tok_s_per_kw(threshold)
     row = {"model": model, "chip": a.chip, "baseline": b.chip, "mode": mode,
            "chips": a.chips, "baseline_chips": b.chips,
+           "tdp_w": a.tdp_w, "baseline_tdp_w": b.tdp_w,
+           "output_len": float(a.sweep.output_len),
+           "requests_per_chip_at_peak": a.peak_concurrency / a.chips,
+           "baseline_requests_per_chip_at_peak": b.peak_concurrency / b.chips,
+           "baseline_ttft_s_at_peak": b.peak_ttft_s,
            "peak_tput_per_chip": a.peak_tput_per_chip,
            "baseline_peak_tput_per_chip": b.peak_tput_per_chip,
            "peak_tok_s_per_kw": a.peak_tok_s_per_kw,
@@ -271,7 +407,8 @@ def claim_loss(logs, t, chip, workload, runtime):
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,
             osl: int = 1024, reported: bool = False, modes=("predicted", "inferred"),
             chips: int | None = None, grid=DEFAULT_GRID, threshold: float | None = None,
-            infer_steps: int = 60, progress: bool | None = None) -> list[dict]:
+            infer_steps: int = 60, progress: bool | None = None, peak: str = "top",
+            chip_top: str | float = JALAPENO_TOP) -> list[dict]:
     """Compare a chip with baselines on models (defaults: the three reported pairs).
 
     Args:
@@ -285,6 +422,12 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         grid: concurrencies per replica of the sweeps.
         threshold: interactivity of the high-interactivity point (tokens/s/user).
         infer_steps: Adam steps of the inferred mode.
+        peak: the peak definition, "top" (InferenceX's: the top of each chip's concurrency
+            sweep) or "floor" (the most throughput at or above `PEAK_MIN_INTERACTIVITY`).
+        chip_top: with peak "top", the compared chip's top concurrency: "same" (the
+            baseline's requests per chip), "interactivity" (the requests per chip whose
+            interactivity matches the baseline's at its top: its best throughput at or
+            above that interactivity) or a number of requests per chip.
         progress: a bar over the sweeps and fits on standard error (`perfmodel.progress`;
             None: on a terminal).
 
@@ -292,10 +435,14 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         One dict per (model, chip, baseline, mode), with the keys of the module docstring
         (`ratio_tok_s_per_kw_at_peak`, `ratio_e2e_latency`,
         `ratio_tok_s_per_kw_high_interactivity`, `interactivity_low_concurrency`, ...), the
-        reported ratios with `reported`, and `inferred_*` values in inferred mode.
+        peak definition (`peak_definition`, `baseline_top_requests_per_chip` with its
+        `baseline_top_source`, `chip_top_rule`, `chip_top_requests_per_chip`), the
+        `consistency` checks, the reported ratios with `reported`, and `inferred_*` values
+        in inferred mode.
 
     Raises:
-        ValueError: unknown names or modes, or baselines not matching models.
+        ValueError: unknown names, modes, peak definitions or top rules, or baselines not
+            matching models.
 
     Example (not run as a doctest: its two sweeps compile for about 20 s, and
     tests/test_compare.py runs the same call):
@@ -305,6 +452,13 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         [('jalapeno', 'gb200', 'predicted')]
     """
     models = list(models) if models else [p[0] for p in PAIRS]
+    if peak not in PEAK_DEFINITIONS:
+        raise ValueError(f"peak {peak!r}: valid definitions are {PEAK_DEFINITIONS}")
+    if isinstance(chip_top, str) and chip_top not in JALAPENO_TOP_RULES:
+        raise ValueError(f"chip_top {chip_top!r}: valid rules are {JALAPENO_TOP_RULES} or a "
+                         "number of requests per chip")
+    if not isinstance(chip_top, str) and not (np.isfinite(chip_top) and chip_top > 0):
+        raise ValueError(f"chip_top {chip_top!r}: requests per chip must be positive")
     for mode in modes:
         if mode not in ("predicted", "inferred"):
             raise ValueError(f"mode {mode!r}: valid modes are 'predicted' and 'inferred'")
@@ -326,15 +480,45 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
     shown = bar(steps, f"{chip} vs {', '.join(dict.fromkeys(baselines))}", progress,
                 unit="sweep")
 
-    def points_of(m, c):
-        result = chip_points(m, c, workload, chips, grid)
+    def base_of(m, c):
+        top, _ = gpu_top_concurrency(m)
+        result = chip_points(m, c, workload, chips, grid, peak=peak, top=top)
         shown.update(1)
         return result
+
+    def points_of(m, c):
+        if peak == "floor":
+            result = chip_points(m, c, workload, chips, grid, peak="floor")
+        elif chip_top == "interactivity":
+            result = chip_points(m, c, workload, chips, grid, peak="floor",
+                                 min_interactivity=base_points[m].peak_interactivity)
+        else:
+            top = gpu_top_concurrency(m)[0] if chip_top == "same" else float(chip_top)
+            result = chip_points(m, c, workload, chips, grid, peak="top", top=top)
+        shown.update(1)
+        return result
+
+    def definition(m):
+        if peak == "floor":
+            return {"peak_definition": f"floor: most tok/s/chip at >= "
+                                       f"{PEAK_MIN_INTERACTIVITY:g} tok/s/user"}
+        top, source = gpu_top_concurrency(m)
+        if chip_top == "same":
+            rule = "same requests per chip as the baseline's top (one InferenceX list)"
+            chip_value = top
+        elif chip_top == "interactivity":
+            rule = "the baseline's interactivity at its top"
+            chip_value = float("nan")
+        else:
+            rule, chip_value = "given", float(chip_top)
+        return {"peak_definition": "top: the top of each chip's concurrency sweep",
+                "baseline_top_requests_per_chip": top, "baseline_top_source": source,
+                "chip_top_rule": rule, "chip_top_requests_per_chip": chip_value}
 
     base_points = {}
     predicted = {}
     for m, b in zip(models, baselines, strict=True):
-        base_points[m] = points_of(m, get_chip(b))
+        base_points[m] = base_of(m, get_chip(b))
         predicted[m] = points_of(m, target)
     out = []
 
@@ -344,10 +528,12 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
             thr = threshold if threshold is not None else \
                 0.5 * min(a.max_interactivity, b.max_interactivity)
             row = _row(m, mode, a, b, thr, extra)
+            row.update(definition(m))
             if reported:
                 rep = reported_ratios(m)
                 if rep and rep["baseline"] == b.chip:
                     row.update({k: v for k, v in rep.items() if k != "baseline"})
+            row.update(consistency(row))
             out.append(row)
 
     if "predicted" in modes:
