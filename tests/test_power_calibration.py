@@ -114,7 +114,7 @@ def test_engine_terms_move_predictions_the_physical_way(problem):
     assert np.all(slow_kernels[0] < 0.8 * base[0]) and np.all(slow_kernels[1] < base[1])
 
 
-@pytest.mark.parametrize("holdout", [None, "ampere"])
+@pytest.mark.parametrize("holdout", [None, pytest.param("ampere", marks=pytest.mark.slow)])
 def test_gaussian_priors_are_the_documented_rows(problem, holdout):
     """The physical priors close the residual vector: each measured chip's energy per HBM
     byte, then each fitted (engine, family) kernel efficiency, as z-scores in log space
@@ -140,6 +140,7 @@ def test_gaussian_priors_are_the_documented_rows(problem, holdout):
     assert (float(jnp.abs(r[-1])) > 1e-3) == (holdout is None)
 
 
+@pytest.mark.slow   # compiles the Levenberg-Marquardt solve (about a minute)
 def test_small_fit_recovers_known_parameters(problem):
     """Measurements made by known parameters are fitted back, with a successful result."""
     truth = cp.PowerParams.prior()
@@ -165,12 +166,16 @@ def test_small_fit_recovers_known_parameters(problem):
     assert float(fit.loss) <= 0.5 * float(jnp.sum(cp.residuals(truth, synthetic) ** 2))
 
 
+@pytest.mark.slow   # compiles the Levenberg-Marquardt solve
 def test_fit_throws_unless_asked_not_to(problem):
     with pytest.raises(RuntimeError, match="power fit: The maximum number of steps"):
         cp.fit_power(problem, max_steps=2)
     fit = cp.fit_power(problem, max_steps=2, throw=False)
     assert not succeeded(fit.result)
     assert fit.result == RESULTS.nonlinear_max_steps_reached
+
+
+def test_fit_refuses_bad_weights_and_holdouts(problem):
     with pytest.raises(ValueError, match="weights has shape"):
         cp.fit_power(problem, weights=jnp.ones(3))
     with pytest.raises(ValueError, match="no measured row"):
