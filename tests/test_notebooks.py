@@ -17,8 +17,8 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", [
-    # The quickstart, which the README points to, by default; the others (15-20 s each)
-    # with the slow tests.
+    # The quickstart, which the README points to, by default; the others (15-20 s each,
+    # batch_policy about 65 s) with the slow tests.
     pytest.param(p, marks=() if p.stem == "quickstart" else pytest.mark.slow)
     for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_without_errors(path):
