@@ -294,6 +294,13 @@ class Requests(eqx.Module):
     """False for padding (default: all valid)."""
     think_time: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
     """Closed loop: time between a request's end and its client's next request (s)."""
+    cached_len: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Prompt tokens whose KV is already in the engine's prefix cache when the request
+    is first admitted (a hit: an agent's previous turns, a shared system prompt), a
+    scalar or shape (N,), below `input_len` (vLLM recomputes at least the last prompt
+    token): they cost no prefill compute but hold KV blocks and are attended context.
+    The cached prefix is assumed resident whenever the request is admitted (no eviction
+    of it is modelled); an engine without `Policy.prefix_caching` ignores it (tokens)."""
     clients: int = eqx.field(static=True, default=0)
     """Closed-loop clients; 0 for an open loop."""
 
@@ -313,7 +320,13 @@ class Requests(eqx.Module):
         check(self, {"arrival": Range(low=0.0, infinite=True),
                      "input_len": Range(low=1.0, integer=True),
                      "output_len": Range(low=1.0, integer=True),
-                     "think_time": NON_NEGATIVE})
+                     "think_time": NON_NEGATIVE,
+                     "cached_len": Range(low=0.0, integer=True)})
+        if not any(isinstance(x, jax.core.Tracer) for x in (self.cached_len, self.input_len)) \
+                and isinstance(self.cached_len, jax.Array) \
+                and bool(jnp.any(self.cached_len >= self.input_len)):
+            raise ValueError("Requests.cached_len must be below input_len (at least one "
+                             "prompt token is computed)")
         if self.clients < 0:
             raise ValueError(f"Requests.clients must be >= 0, got {self.clients}")
 
@@ -669,13 +682,16 @@ def _replicated(model, chip, design, policy, requests, max_steps, hard, vectoriz
         x = jnp.concatenate([jnp.asarray(x), jnp.full((pad,), fill, dtype=jnp.asarray(x).dtype)])
         return x.reshape(m, r).T   # (r, m): instance k holds requests k, k + r, ...
 
+    cached = jnp.broadcast_to(requests.cached_len, (n,))
     arrays = (split(requests.arrival, jnp.inf), split(requests.input_len, 1.0),
-              split(requests.output_len, 1.0), split(requests.valid, False))
+              split(requests.output_len, 1.0), split(requests.valid, False),
+              split(cached, 0.0))
     clients = requests.clients // r
 
-    def serve(arrival, input_len, output_len, valid):
+    def serve(arrival, input_len, output_len, valid, cached_len):
         part = Requests(arrival=arrival, input_len=input_len, output_len=output_len,
-                        valid=valid, think_time=requests.think_time, clients=clients)
+                        valid=valid, think_time=requests.think_time, cached_len=cached_len,
+                        clients=clients)
         return _instance(model, chip, one, policy, part, max_steps, hard, vectorize, window,
                          stop_on_overflow)
 
@@ -706,6 +722,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
     max_tokens = policy.max_num_batched_tokens
     cap = policy.long_prefill_token_threshold
     inputs, outputs, valid = requests.input_len, requests.output_len, requests.valid
+    cached = jnp.broadcast_to(requests.cached_len, (n,))
     follower = jnp.arange(n) + requests.clients if requests.clients else None
     layout = design.layout
     zeros = jnp.zeros(n)
@@ -732,7 +749,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
     def blocks(tokens):
         return jnp.ceil(tokens / bs)
 
-    def step(s: _State, offset, inputs_w, outputs_w, full) -> _State:
+    def step(s: _State, offset, inputs_w, outputs_w, cached_w, full) -> _State:
         """One engine step on the window state `s` (its requests from `offset`); `full`:
         the arrivals and finished flags of all N (closed loop), else None."""
         t = s.t
@@ -746,7 +763,9 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         # surviving full blocks are a cached prefix (at least one token is recomputed).
         hit = jnp.clip(s.cached_at + s.cached_blocks - s.evicted, 0.0, s.cached_blocks) \
             if policy.prefix_caching else jnp.zeros(width)
-        start = jnp.where(waiting, jnp.minimum(hit * bs, target - 1.0), s.computed)
+        # A prefix already cached at arrival (`Requests.cached_len`) is a hit too.
+        found = jnp.maximum(hit * bs, cached_w) if policy.prefix_caching else hit * bs
+        start = jnp.where(waiting, jnp.minimum(found, target - 1.0), s.computed)
         hit = jnp.where(waiting, jnp.floor(start / bs), 0.0)
         demand = jnp.minimum(target - start, cap)
         ordered, sort = _in_order(jnp.stack([s.running, waiting]),
@@ -958,7 +977,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
 
         w = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], g,
                         [cut(getattr(g, f)) for f in _PER_REQUEST])
-        inputs_w, outputs_w = cut(inputs), cut(outputs)
+        inputs_w, outputs_w, cached_w = cut(inputs), cut(outputs), cut(cached)
         full = None if follower is None else (g.arrival, g.finished)
         movable = offset < n - width
 
@@ -967,7 +986,8 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             return more if follower is None else more & (s.step == g.step)
 
         w = jax.lax.while_loop(inner_cond,
-                               lambda s: step(s, offset, inputs_w, outputs_w, full), w)
+                               lambda s: step(s, offset, inputs_w, outputs_w, cached_w, full),
+                               w)
         # Open loop, arrivals never change: not written back.
         updated = _PER_REQUEST if follower is not None else _PER_REQUEST[1:]
         new = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], w,
