@@ -563,3 +563,33 @@ def test_cached_prefix_costs_only_the_rest_of_the_prompt():
     np.testing.assert_allclose(off.ttft, cold.ttft, rtol=1e-9)
     with pytest.raises(ValueError, match="cached_len"):
         sim.Requests(arrival=[0.0], input_len=[10], output_len=[5], cached_len=[10])
+
+
+def test_agent_sessions_chain_their_calls():
+    sessions, calls, latency = 2, 4, 0.25
+    runs = {}
+    for cache in (True, False):
+        requests = sim.agent_sessions(sessions, calls, system_prompt=1024, user_turn=64,
+                                      tool_result=512, output_len=32, tool_latency=latency,
+                                      prefix_cache=cache)
+        runs[cache] = sim.simulate_jit(MODEL, CHIP, DESIGN, sim.Policy(), requests,
+                                       max_steps=2000)
+    for cache, r in runs.items():
+        assert bool(jnp.all(r.finished)), cache
+        arrival = np.asarray(r.arrival).reshape(calls, sessions)
+        finish = np.asarray(r.finish).reshape(calls, sessions)
+        # Each call is sent a tool latency after the session's previous call finished.
+        np.testing.assert_allclose(arrival[1:], finish[:-1] + latency, rtol=1e-12)
+        times = sim.session_times(r, sessions)
+        np.testing.assert_allclose(times, finish[-1] - arrival[0], rtol=1e-12)
+        stats = sim.session_stats(r, sessions)
+        assert float(stats.p50) <= float(stats.p99) <= float(jnp.max(times)) + 1e-12
+    # The cache spares the growing history's prefill: every call's TTFT after the first
+    # drops (by more than half at the last call's 2.7K-token prompt), and with it the task.
+    hot, cold = runs[True], runs[False]
+    assert np.all(np.asarray(hot.ttft)[sessions:] < np.asarray(cold.ttft)[sessions:])
+    assert np.all(np.asarray(hot.ttft)[-sessions:] < 0.5 * np.asarray(cold.ttft)[-sessions:])
+    assert np.all(np.asarray(sim.session_times(hot, sessions))
+                  < np.asarray(sim.session_times(cold, sessions)))
+    with pytest.raises(ValueError, match="tool_result"):
+        sim.agent_sessions(1, 2, system_prompt=10, user_turn=1, tool_result=0, output_len=1)
