@@ -317,6 +317,10 @@ class Requests(eqx.Module):
             if len(set(shapes.values())) > 1 or len(shapes["arrival"]) != 1:
                 raise ValueError(f"Requests fields must be 1-D arrays of one length, got "
                                  f"shapes {shapes}")
+            if isinstance(self.cached_len, jax.Array) and jnp.ndim(self.cached_len) \
+                    and jnp.shape(self.cached_len) != shapes["arrival"]:
+                raise ValueError(f"Requests.cached_len must be a scalar or of shape "
+                                 f"{shapes['arrival']}, got {jnp.shape(self.cached_len)}")
         check(self, {"arrival": Range(low=0.0, infinite=True),
                      "input_len": Range(low=1.0, integer=True),
                      "output_len": Range(low=1.0, integer=True),

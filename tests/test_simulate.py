@@ -593,3 +593,25 @@ def test_agent_sessions_chain_their_calls():
                   < np.asarray(sim.session_times(cold, sessions)))
     with pytest.raises(ValueError, match="tool_result"):
         sim.agent_sessions(1, 2, system_prompt=10, user_turn=1, tool_result=0, output_len=1)
+    with pytest.raises(ValueError, match="cached_len must be a scalar or of shape"):
+        sim.Requests(arrival=[0.0, 0.0], input_len=[10, 10], output_len=[5, 5],
+                     cached_len=[1, 2, 3])
+
+
+def test_agent_sessions_window_and_replicas_agree():
+    # The window slices the cached prefixes with the rest; two replicas each serving one
+    # session (round robin keeps a session on one instance) equal one engine per session.
+    requests = sim.agent_sessions(2, 6, system_prompt=512, user_turn=32, tool_result=256,
+                                  output_len=8, tool_latency=0.1)
+    full = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(), requests, max_steps=2000)
+    narrow = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(), requests, max_steps=2000,
+                          window=4)
+    assert not bool(narrow.window_overflow)
+    np.testing.assert_allclose(narrow.finish, full.finish, rtol=1e-12)
+    design = dataclasses.replace(DESIGN, layout=pm.Layout(tp=1, replicas=2))
+    both = sim.simulate(MODEL, CHIP, design, sim.Policy(), requests, max_steps=2000)
+    alone = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(), sim.agent_sessions(
+        1, 6, system_prompt=512, user_turn=32, tool_result=256, output_len=8,
+        tool_latency=0.1), max_steps=2000)
+    np.testing.assert_allclose(sim.session_times(both, 2),
+                               np.repeat(sim.session_times(alone, 1), 2), rtol=1e-12)
