@@ -294,6 +294,13 @@ class Requests(eqx.Module):
     """False for padding (default: all valid)."""
     think_time: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
     """Closed loop: time between a request's end and its client's next request (s)."""
+    cached_len: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Prompt tokens whose KV is already in the engine's prefix cache when the request
+    is first admitted (a hit: an agent's previous turns, a shared system prompt), a
+    scalar or shape (N,), below `input_len` (vLLM recomputes at least the last prompt
+    token): they cost no prefill compute but hold KV blocks and are attended context.
+    The cached prefix is assumed resident whenever the request is admitted (no eviction
+    of it is modelled); an engine without `Policy.prefix_caching` ignores it (tokens)."""
     clients: int = eqx.field(static=True, default=0)
     """Closed-loop clients; 0 for an open loop."""
 
@@ -310,10 +317,20 @@ class Requests(eqx.Module):
             if len(set(shapes.values())) > 1 or len(shapes["arrival"]) != 1:
                 raise ValueError(f"Requests fields must be 1-D arrays of one length, got "
                                  f"shapes {shapes}")
+            if isinstance(self.cached_len, jax.Array) and jnp.ndim(self.cached_len) \
+                    and jnp.shape(self.cached_len) != shapes["arrival"]:
+                raise ValueError(f"Requests.cached_len must be a scalar or of shape "
+                                 f"{shapes['arrival']}, got {jnp.shape(self.cached_len)}")
         check(self, {"arrival": Range(low=0.0, infinite=True),
                      "input_len": Range(low=1.0, integer=True),
                      "output_len": Range(low=1.0, integer=True),
-                     "think_time": NON_NEGATIVE})
+                     "think_time": NON_NEGATIVE,
+                     "cached_len": Range(low=0.0, integer=True)})
+        if not any(isinstance(x, jax.core.Tracer) for x in (self.cached_len, self.input_len)) \
+                and isinstance(self.cached_len, jax.Array) \
+                and bool(jnp.any(self.cached_len >= self.input_len)):
+            raise ValueError("Requests.cached_len must be below input_len (at least one "
+                             "prompt token is computed)")
         if self.clients < 0:
             raise ValueError(f"Requests.clients must be >= 0, got {self.clients}")
 
@@ -364,6 +381,78 @@ def closed_loop(clients: int, num: int, input_len, output_len, think_time=0.0) -
     return Requests(arrival=arrival, input_len=_lengths(input_len, num),
                     output_len=_lengths(output_len, num), think_time=think_time,
                     clients=clients)
+
+
+def agent_sessions(sessions: int, calls: int, system_prompt, user_turn, tool_result,
+                   output_len, tool_latency=0.0, prefix_cache: bool = True,
+                   block_size=16.0) -> Requests:
+    """Agent sessions: `sessions` chains of `calls` serial requests each, all sessions
+    starting at 0. A session's call k + 1 is sent `tool_latency` after its call k
+    finishes (a closed loop with `clients = sessions`, the requests ordered call-major:
+    request k x sessions + j is session j's call k). Call 0's prompt is the system prompt
+    and the user's turn; each later call's prompt is the previous call's prompt, its
+    output and the tool's result, so the history grows by `output_len + tool_result` a
+    call.
+
+    With `prefix_cache`, the full blocks (`block_size` tokens) of the previous call's
+    prompt and output are a prefix-cache hit (`Requests.cached_len`), and call 0 hits the
+    system prompt (a warm server); without it every call recomputes its whole prompt.
+    Memory pressure between turns is not modelled: a session's prefix stays cached while
+    its tool runs, however full the KV cache (an upper bound on the cache's benefit when
+    KV is short); the engine's `Policy.prefix_caching` must be on for the hits to count.
+
+    Args:
+        sessions, calls: static counts (>= 1).
+        system_prompt, user_turn, tool_result, output_len: tokens (scalars; the user's
+            turn and each tool result at least 1, so every call computes a token).
+        tool_latency: time a tool call takes between two calls of a session (s).
+        prefix_cache: static; whether earlier turns are cache hits.
+        block_size: the engine's KV block, the granularity of a hit (tokens).
+
+    Example:
+        >>> r = agent_sessions(2, 3, system_prompt=100, user_turn=20, tool_result=30,
+        ...                    output_len=10, tool_latency=0.5, block_size=1)
+        >>> [int(x) for x in r.input_len], [int(x) for x in r.cached_len]
+        ([120, 120, 160, 160, 200, 200], [100, 100, 130, 130, 170, 170])
+    """
+    for name, value in (("sessions", sessions), ("calls", calls)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    for name, value, low in (("system_prompt", system_prompt, 0.0),
+                             ("user_turn", user_turn, 1.0), ("tool_result", tool_result, 1.0),
+                             ("output_len", output_len, 1.0), ("block_size", block_size, 1.0),
+                             ("tool_latency", tool_latency, 0.0)):
+        if not isinstance(value, jax.core.Tracer) and not float(value) >= low:
+            raise ValueError(f"{name} must be >= {low:g}, got {value}")
+    k = jnp.repeat(jnp.arange(calls, dtype=float), sessions)
+    growth = jnp.asarray(output_len, dtype=float) + tool_result
+    prompt = system_prompt + user_turn + k * growth
+    previous = jnp.where(k > 0, prompt - tool_result, system_prompt)
+    cached = jnp.floor(previous / block_size) * block_size if prefix_cache else 0.0 * k
+    n = sessions * calls
+    return Requests(arrival=jnp.where(jnp.arange(n) < sessions, 0.0, jnp.inf),
+                    input_len=prompt, output_len=_lengths(output_len, n),
+                    think_time=tool_latency, cached_len=cached, clients=sessions)
+
+
+def session_times(result: Result, sessions: int):
+    """Each agent session's task completion time, from its first call's arrival to its
+    last call's finish (shape (..., sessions); inf where unfinished), for requests built
+    call-major as `agent_sessions` builds them (s)."""
+    n = result.finish.shape[-1]
+    if n % sessions:
+        raise ValueError(f"sessions ({sessions}) must divide the {n} requests")
+    shape = result.finish.shape[:-1] + (n // sessions, sessions)
+    first = result.arrival.reshape(shape)[..., 0, :]
+    last = result.finish.reshape(shape)[..., -1, :]
+    done = jnp.all(result.finished.reshape(shape), axis=-2)
+    return jnp.where(done, last - first, jnp.inf)
+
+
+def session_stats(result: Result, sessions: int) -> Stats:
+    """Mean and percentiles over finished sessions of `session_times` (s)."""
+    times = session_times(result, sessions)
+    return _stats(times, jnp.isfinite(times))
 
 
 def trace(arrival, input_len, output_len, size: int | None = None) -> Requests:
@@ -669,13 +758,16 @@ def _replicated(model, chip, design, policy, requests, max_steps, hard, vectoriz
         x = jnp.concatenate([jnp.asarray(x), jnp.full((pad,), fill, dtype=jnp.asarray(x).dtype)])
         return x.reshape(m, r).T   # (r, m): instance k holds requests k, k + r, ...
 
+    cached = jnp.broadcast_to(requests.cached_len, (n,))
     arrays = (split(requests.arrival, jnp.inf), split(requests.input_len, 1.0),
-              split(requests.output_len, 1.0), split(requests.valid, False))
+              split(requests.output_len, 1.0), split(requests.valid, False),
+              split(cached, 0.0))
     clients = requests.clients // r
 
-    def serve(arrival, input_len, output_len, valid):
+    def serve(arrival, input_len, output_len, valid, cached_len):
         part = Requests(arrival=arrival, input_len=input_len, output_len=output_len,
-                        valid=valid, think_time=requests.think_time, clients=clients)
+                        valid=valid, think_time=requests.think_time, cached_len=cached_len,
+                        clients=clients)
         return _instance(model, chip, one, policy, part, max_steps, hard, vectorize, window,
                          stop_on_overflow)
 
@@ -706,6 +798,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
     max_tokens = policy.max_num_batched_tokens
     cap = policy.long_prefill_token_threshold
     inputs, outputs, valid = requests.input_len, requests.output_len, requests.valid
+    cached = jnp.broadcast_to(requests.cached_len, (n,))
     follower = jnp.arange(n) + requests.clients if requests.clients else None
     layout = design.layout
     zeros = jnp.zeros(n)
@@ -732,7 +825,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
     def blocks(tokens):
         return jnp.ceil(tokens / bs)
 
-    def step(s: _State, offset, inputs_w, outputs_w, full) -> _State:
+    def step(s: _State, offset, inputs_w, outputs_w, cached_w, full) -> _State:
         """One engine step on the window state `s` (its requests from `offset`); `full`:
         the arrivals and finished flags of all N (closed loop), else None."""
         t = s.t
@@ -746,7 +839,9 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         # surviving full blocks are a cached prefix (at least one token is recomputed).
         hit = jnp.clip(s.cached_at + s.cached_blocks - s.evicted, 0.0, s.cached_blocks) \
             if policy.prefix_caching else jnp.zeros(width)
-        start = jnp.where(waiting, jnp.minimum(hit * bs, target - 1.0), s.computed)
+        # A prefix already cached at arrival (`Requests.cached_len`) is a hit too.
+        found = jnp.maximum(hit * bs, cached_w) if policy.prefix_caching else hit * bs
+        start = jnp.where(waiting, jnp.minimum(found, target - 1.0), s.computed)
         hit = jnp.where(waiting, jnp.floor(start / bs), 0.0)
         demand = jnp.minimum(target - start, cap)
         ordered, sort = _in_order(jnp.stack([s.running, waiting]),
@@ -958,7 +1053,7 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
 
         w = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], g,
                         [cut(getattr(g, f)) for f in _PER_REQUEST])
-        inputs_w, outputs_w = cut(inputs), cut(outputs)
+        inputs_w, outputs_w, cached_w = cut(inputs), cut(outputs), cut(cached)
         full = None if follower is None else (g.arrival, g.finished)
         movable = offset < n - width
 
@@ -967,7 +1062,8 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             return more if follower is None else more & (s.step == g.step)
 
         w = jax.lax.while_loop(inner_cond,
-                               lambda s: step(s, offset, inputs_w, outputs_w, full), w)
+                               lambda s: step(s, offset, inputs_w, outputs_w, cached_w, full),
+                               w)
         # Open loop, arrivals never change: not written back.
         updated = _PER_REQUEST if follower is not None else _PER_REQUEST[1:]
         new = eqx.tree_at(lambda st: [getattr(st, f) for f in _PER_REQUEST], w,

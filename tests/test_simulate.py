@@ -536,3 +536,82 @@ def test_engine_defaults():
                         "capacity_scheduler_policy")):
         with pytest.raises(ValueError, match=match):
             bad()
+
+
+def test_cached_prefix_costs_only_the_rest_of_the_prompt():
+    # Requests 10 s apart, 90 % of each 2000-token prompt cached: the TTFT is one step
+    # prefilling the last 200 tokens attending to the whole prompt, not the full prefill.
+    n, prompt, cached = 3, 2000, 1800
+    arrival, lens = 10.0 * jnp.arange(n), jnp.full(n, prompt)
+    policy = sim.Policy(max_num_batched_tokens=4096)
+    cold = sim.simulate(MODEL, CHIP, DESIGN, policy, sim.trace(arrival, lens, jnp.full(n, 4)),
+                        max_steps=200)
+    hot_requests = sim.Requests(arrival=arrival, input_len=lens, output_len=jnp.full(n, 4),
+                                cached_len=cached)
+    hot = sim.simulate(MODEL, CHIP, DESIGN, policy, hot_requests, max_steps=200)
+    rest = _step_time(DESIGN, decode_seqs=0.0, decode_context=1.0,
+                      prefill_tokens=prompt - cached,
+                      prefill_context=cached + (prompt - cached) / 2, prefill_seqs=1.0)
+    np.testing.assert_allclose(hot.ttft, rest, rtol=1e-9)
+    assert np.all(np.asarray(hot.ttft) < 0.5 * np.asarray(cold.ttft))
+    # The decodes attend to the whole prompt, cached or not: the same TPOT.
+    np.testing.assert_allclose(hot.tpot, cold.tpot, rtol=1e-9)
+    # An engine without prefix caching recomputes the whole prompt.
+    off = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(max_num_batched_tokens=4096,
+                                                       prefix_caching=False),
+                       hot_requests, max_steps=200)
+    np.testing.assert_allclose(off.ttft, cold.ttft, rtol=1e-9)
+    with pytest.raises(ValueError, match="cached_len"):
+        sim.Requests(arrival=[0.0], input_len=[10], output_len=[5], cached_len=[10])
+
+
+def test_agent_sessions_chain_their_calls():
+    sessions, calls, latency = 2, 4, 0.25
+    runs = {}
+    for cache in (True, False):
+        requests = sim.agent_sessions(sessions, calls, system_prompt=1024, user_turn=64,
+                                      tool_result=512, output_len=32, tool_latency=latency,
+                                      prefix_cache=cache)
+        runs[cache] = sim.simulate_jit(MODEL, CHIP, DESIGN, sim.Policy(), requests,
+                                       max_steps=2000)
+    for cache, r in runs.items():
+        assert bool(jnp.all(r.finished)), cache
+        arrival = np.asarray(r.arrival).reshape(calls, sessions)
+        finish = np.asarray(r.finish).reshape(calls, sessions)
+        # Each call is sent a tool latency after the session's previous call finished.
+        np.testing.assert_allclose(arrival[1:], finish[:-1] + latency, rtol=1e-12)
+        times = sim.session_times(r, sessions)
+        np.testing.assert_allclose(times, finish[-1] - arrival[0], rtol=1e-12)
+        stats = sim.session_stats(r, sessions)
+        assert float(stats.p50) <= float(stats.p99) <= float(jnp.max(times)) + 1e-12
+    # The cache spares the growing history's prefill: every call's TTFT after the first
+    # drops (by more than half at the last call's 2.7K-token prompt), and with it the task.
+    hot, cold = runs[True], runs[False]
+    assert np.all(np.asarray(hot.ttft)[sessions:] < np.asarray(cold.ttft)[sessions:])
+    assert np.all(np.asarray(hot.ttft)[-sessions:] < 0.5 * np.asarray(cold.ttft)[-sessions:])
+    assert np.all(np.asarray(sim.session_times(hot, sessions))
+                  < np.asarray(sim.session_times(cold, sessions)))
+    with pytest.raises(ValueError, match="tool_result"):
+        sim.agent_sessions(1, 2, system_prompt=10, user_turn=1, tool_result=0, output_len=1)
+    with pytest.raises(ValueError, match="cached_len must be a scalar or of shape"):
+        sim.Requests(arrival=[0.0, 0.0], input_len=[10, 10], output_len=[5, 5],
+                     cached_len=[1, 2, 3])
+
+
+def test_agent_sessions_window_and_replicas_agree():
+    # The window slices the cached prefixes with the rest; two replicas each serving one
+    # session (round robin keeps a session on one instance) equal one engine per session.
+    requests = sim.agent_sessions(2, 6, system_prompt=512, user_turn=32, tool_result=256,
+                                  output_len=8, tool_latency=0.1)
+    full = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(), requests, max_steps=2000)
+    narrow = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(), requests, max_steps=2000,
+                          window=4)
+    assert not bool(narrow.window_overflow)
+    np.testing.assert_allclose(narrow.finish, full.finish, rtol=1e-12)
+    design = dataclasses.replace(DESIGN, layout=pm.Layout(tp=1, replicas=2))
+    both = sim.simulate(MODEL, CHIP, design, sim.Policy(), requests, max_steps=2000)
+    alone = sim.simulate(MODEL, CHIP, DESIGN, sim.Policy(), sim.agent_sessions(
+        1, 6, system_prompt=512, user_turn=32, tool_result=256, output_len=8,
+        tool_latency=0.1), max_steps=2000)
+    np.testing.assert_allclose(sim.session_times(both, 2),
+                               np.repeat(sim.session_times(alone, 1), 2), rtol=1e-12)
