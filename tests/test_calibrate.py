@@ -321,6 +321,7 @@ def test_residual_jacobian_matches_central_differences(small):
         np.testing.assert_allclose(jv, fd, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_small_fit_converges_reproducibly_and_masks_rows(small):
     rows, problem = small
     result, families, frameworks = problem.fit()

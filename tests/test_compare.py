@@ -44,6 +44,7 @@ def predicted():
                        grid=(1.0, 64.0, 1024.0))
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_predicted_row_keys_and_ratio_definitions(predicted):
     (row,) = predicted
     for key in ("model", "chip", "baseline", "mode", "ratio_tok_s_per_kw_at_peak",
@@ -138,6 +139,7 @@ def test_cli_acceptance_reported_json(capsys):
             assert r["inferred_result"] in (0, 1) and math.isfinite(r["inferred_hbm_capacity"])
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_inferred_fit_gradients_finite_where_reverse_mode_was_not():
     """Regression: at this point of the inferred fit (gpt-oss-120b, one TP1 replica at its
     peak concurrency, Jalapeno with these parameters) reverse-mode gradients of HBM

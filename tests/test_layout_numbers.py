@@ -149,6 +149,7 @@ def test_numbers_gradients_match_and_are_finite(name):
             assert float(numbers[1]) == 0.0   # no collectives: the link does not matter
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_numbers_compile_once_for_all_layouts():
     """A jitted predict traces once for every `LayoutNumbers` (the degrees are data) and
     once per static `Layout`."""

@@ -164,6 +164,7 @@ def _same(a, b):
         np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(*leaves, strict=True))
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_scenarios_match_exhaustive(groups):
     assert len(SCENARIOS) >= 20
     infeasible = round_trips = 0
@@ -406,6 +407,7 @@ def _direction_check(fun, params, key):
     return np.asarray(tangent), np.asarray(central)
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_gradients_match_finite_differences():
     """d(score, g) / d(every continuous variable) against float64 central differences along
     random directions, at sampled relaxed points (all placements and the power cap live)."""
@@ -468,6 +470,7 @@ def test_reverse_mode_gradients_of_the_search(groups, name):
         np.testing.assert_allclose(r, f, rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_many_layouts_in_one_kernel():
     """With several aggregated layouts, one kernel takes them all as numbers; the screen
     hardens `keep_layouts` of them (or all, with None) and the result still lands on the

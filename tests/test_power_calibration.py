@@ -184,6 +184,7 @@ def test_fit_refuses_bad_weights_and_holdouts(problem):
         cp.fit_power(problem, holdout="tpu")
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_residuals_jit_matches_eager_and_derivative_matches_finite_differences(problem):
     """The derivative the solver uses (forward-mode Jacobian of `serving.predict`) against
     float64 central differences along a random direction in log/logit-parameter space."""

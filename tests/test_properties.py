@@ -25,6 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from test_core_cases import (
@@ -81,6 +82,7 @@ def test_faster_chip_never_slows_a_step(name, bandwidth, flops, seqs, context, p
         <= base * (1 + SLACK)
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 @settings(max_examples=15)
 @given(name=st.sampled_from(["dense", "moe", "disagg"]), bandwidth=st.floats(1.0, 10.0),
        flops=st.floats(1.0, 10.0), concurrency=st.floats(1.0, 4096.0))
@@ -151,6 +153,7 @@ def _all_finite(tree):
     return all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree_util.tree_leaves(tree))
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 @settings(max_examples=12)
 @given(name=st.sampled_from(["dense", "moe", "mtp", "pipeline", "disagg"]),
        seed=st.integers(0, 2**31 - 1), **valid_theta)

@@ -51,6 +51,7 @@ def test_low_load_ttft_is_the_prefill_of_one_request():
     np.testing.assert_allclose(result.tpot, decode, rtol=2e-3)
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_queueing_grows_toward_capacity():
     # One running request at a time (max_num_seqs 1): a single server whose service time
     # is one request's E2E at low load; Poisson arrivals at 30 %, 70 % and 95 % of its rate.
@@ -316,6 +317,7 @@ def test_traced_policy_values_are_checked():
                  .steps)(stacked).block_until_ready()
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_command_line(capsys, tmp_path):
     import json
 

@@ -111,6 +111,7 @@ def test_jit_and_eager_agree(capacity):
     assert 0.0 < float(eager.goodput) <= float(eager.throughput) * (1 + 1e-12)
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_gradients_match_central_differences(capacity):
     # Log-space parameters: rate, max_num_seqs, max_num_batched_tokens,
     # long_prefill_token_threshold, kv_blocks.

@@ -122,6 +122,7 @@ def small():
     return sw.sweep("gpt-oss-120b", "h200", W, chips=4, grid=(1.0, 8.0, 64.0, 512.0, 4096.0))
 
 
+@pytest.mark.slow   # compiles for 10 s or more (CI's slow stage runs it)
 def test_sweep_keeps_only_points_that_fit(small):
     v = small.values
     replicas = np.array([small.layouts[i].replicas for i in small.layout_index])
