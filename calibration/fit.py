@@ -4,7 +4,10 @@ compiled solve cached, in calibration/README.md).
 Fits per-family efficiency and collective terms and per-framework runtime overheads
 (`perfmodel.calibration`) to the GEMM and NCCL tables and to 80 % of the InferenceMAX rows;
 the other 20 % (a random split with a fixed seed) are held out and listed in
-`calibration/heldout.json`, never fitted. Writes `perfmodel/data/fitted_params.json`.
+`calibration/heldout.json`, never fitted. Writes `perfmodel/data/fitted_params.json` and,
+from the same fit rows, the prediction intervals' covariance and model-error terms
+`perfmodel/data/fitted_intervals.json` (`perfmodel.calibration.intervals`; skip with
+`--no-intervals`).
 `calibration/validate.py` runs this fit, the held-out check and leave-one-chip-out refits in
 one process.
 """
@@ -36,6 +39,7 @@ from perfmodel.solvers import message, succeeded  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 DATA = HERE / "data"
 OUTPUT = HERE.parent / "perfmodel" / "data" / "fitted_params.json"
+INTERVALS_OUTPUT = HERE.parent / "perfmodel" / "data" / "fitted_intervals.json"
 FILES = ("benchmarks_inferencemax.csv", "benchmarks_aic_gemm.csv",
          "benchmarks_nccl_collectives.csv")
 SEED = 0
@@ -106,11 +110,35 @@ def shipped_fit(problem: cal.Calibration, fitted, held, gemm, nccl, out=OUTPUT,
     return data
 
 
+def fit_intervals(fitted, data: dict, gemm, nccl, out=INTERVALS_OUTPUT,
+                  linearized=None) -> tuple:
+    """The intervals of the fit `data` (`fitted_params.json` layout) from its `fitted`
+    rows, written to `out`; returns (intervals, summary)."""
+    from perfmodel.calibration import intervals as iv
+
+    start = time.time()
+    params = cal.from_json(data)
+    result, summary = iv.estimate(fitted, params, gemm, nccl, data.get("pooling"),
+                                  linearized=linearized)
+    meta = {"date": datetime.date.today().isoformat(),
+            "fit": f"fitted_params.json v{data.get('version')} of {data.get('date')}",
+            "fitted_on": "the fit rows of fitted_params.json (never calibration/heldout.json)"
+                         " and the GEMM/NCCL samples",
+            "method": "Gauss-Newton covariance with the priors, propagated by jax.jacfwd; "
+                      "per-metric robust scale and quantiles of normalized (leave-one-out "
+                      "for the fitted metrics) log residuals",
+            "residual_sigma": summary["sigma"], "seconds": round(time.time() - start, 1)}
+    fitted_files.write(result.to_json(meta), out)
+    return result, summary
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
     parser.add_argument("--out", default=str(OUTPUT))
     parser.add_argument("--pooling", type=float, default=POOLING)
+    parser.add_argument("--no-intervals", action="store_true",
+                        help="do not write fitted_intervals.json")
     args = parser.parse_args(argv)
     rows, gemm, nccl = load_all()
     fitted, held = split(rows)
@@ -121,6 +149,9 @@ def main(argv=None):
                        args.pooling)
     print(f"{data['result']} after {data['steps']} steps, loss {data['loss']:.6g}, "
           f"{problem.batches} batches of rows, {time.time() - start:.0f} s -> {args.out}")
+    if not args.no_intervals and args.out == str(OUTPUT):
+        fit_intervals(fitted, data, gemm, nccl)
+        print(f"intervals -> {INTERVALS_OUTPUT}")
     return 0
 
 

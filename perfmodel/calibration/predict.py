@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import fitted
 from ..datasets import BenchRow
 from . import data
+from .intervals import INTERVAL_FILE, INTERVAL_KEYS, Intervals, bounds
 from .latency import row_metrics
 from .params import FAMILY_FIELDS, Params, from_json, prior_row, resolve_family
 
@@ -41,7 +43,8 @@ def _padded(rows: Sequence[BenchRow], start: int) -> list:
 def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
                  fallback: dict | None = None,
                  measured: Sequence[str] | None = None,
-                 power: Mapping | None = None) -> list[dict]:
+                 power: Mapping | None = None, interval: float | None = None,
+                 intervals: Intervals | None = None) -> list[dict]:
     """Predictions for benchmark rows, in row order.
 
     Args:
@@ -53,12 +56,23 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
             shipped file's list when `params` is None.
         power: a power-fit dict giving the chips' energy and idle terms (default: the
             shipped `fitted_power.json`; {} keeps the priors, which the latency fit uses).
+        interval: a central prediction-interval level (0.9: 90 %) to add
+            `pred_<metric>_lo` and `pred_<metric>_hi` for every `intervals.INTERVAL_KEYS`
+            column (`intervals`; about 5x the evaluation time: a Jacobian per row); None
+            for none.
+        intervals: the fit's covariance and model-error terms; None loads the shipped
+            `fitted_intervals.json` (with `params` None) or, for given `params`, takes the
+            prior widths and no model error (`Intervals.at_priors`).
+
+    Raises:
+        ValueError: `interval` outside (0, 1), or no shipped intervals file for it.
 
     Returns:
         One dict per row: the `PREDICTION_KEYS` (SI units: tokens/s, s, W, J; floats, or
         None with `pred_error` set), `pred_basis` (which family's fitted parameters were
-        used, and whether the chip itself was measured) and `pred_error` (why a row has no
-        prediction, or a warning when the layout does not fit in HBM).
+        used, and whether the chip itself was measured), `pred_error` (why a row has no
+        prediction, or a warning when the layout does not fit in HBM) and with `interval`
+        the bounds (same units; None where the prediction is).
 
     Example:
         >>> import perfmodel.datasets as ds
@@ -68,16 +82,71 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
         >>> out["pred_basis"], out["pred_tput_per_chip_total"] > 0
         ('fitted:blackwell', True)
     """
+    if interval is not None and not 0.0 < interval < 1.0:
+        raise ValueError(f"interval {interval} must be a level in (0, 1), e.g. 0.9")
+    shipped_params = params is None
     if params is None:
         shipped = fitted.read(fitted.LATENCY_FILE)
         params = from_json(shipped)
         measured = shipped.get("measured_chips", measured)
+    entries = _evaluate(rows, params, fallback, measured, power, interval is not None)
+    if interval is None:
+        return entries
+    if intervals is None and shipped_params:
+        stored = fitted.read(INTERVAL_FILE)
+        if not stored:
+            raise ValueError(f"predict_rows(interval=...): perfmodel/data/{INTERVAL_FILE} is "
+                             "not shipped; write it with `python calibration/fit.py` (or "
+                             "calibration/intervals.py for the shipped fit)")
+        intervals = Intervals.from_json(stored)
+    elif intervals is None:
+        intervals = Intervals.at_priors(params)
+    return [add_bounds(e, params, fallback, intervals, interval) for e in entries]
+
+
+def linearize(rows: Sequence[BenchRow], params: Params, fallback: dict | None = None,
+              power: Mapping | None = None) -> list[dict]:
+    """`predict_rows` entries with, per row, "log" (log of each `intervals.INTERVAL_KEYS`
+    prediction), "jacobian" ((12,) derivative of each in the row's family and framework
+    parameters, unconstrained space), "family" (the chip family of the row) and "framework"
+    ("" both when the row has no prediction)."""
+    return _evaluate(rows, params, fallback, None, power, True)
+
+
+def add_bounds(entry: dict, params: Params, fallback, intervals: Intervals,
+               level: float) -> dict:
+    """A `linearize` entry as a `predict_rows` one with the bounds of a central `level`
+    interval (`pred_<metric>_lo`, `pred_<metric>_hi`; None where there is no prediction or
+    no model-error term)."""
+    out = dict(entry)
+    lin = {k: out.pop(k) for k in ("log", "jacobian", "family", "framework")}
+    for key in INTERVAL_KEYS:
+        out[key + "_lo"] = out[key + "_hi"] = None
+    if entry["pred_tput_per_chip_total"] is None:
+        return out
+    cov, _ = intervals.row_covariance(params, lin["family"], lin["framework"], fallback)
+    for key in INTERVAL_KEYS:
+        if key not in intervals.keys:
+            continue
+        z_lo, z_hi = intervals.z(key, level)
+        scale = intervals.scale[intervals.keys.index(key)]
+        lo, hi, _ = bounds(jnp.asarray([lin["log"][key]]),
+                           jnp.asarray(lin["jacobian"][key])[None], jnp.asarray(cov)[None],
+                           jnp.asarray(scale), jnp.asarray(z_lo), jnp.asarray(z_hi))
+        lo, hi = float(lo[0]), float(hi[0])
+        if math.isfinite(lo) and math.isfinite(hi):
+            out[key + "_lo"], out[key + "_hi"] = lo, hi
+    return out
+
+
+def _evaluate(rows, params, fallback, measured, power, jacobian: bool) -> list[dict]:
     groups, errors = data.build_groups(rows)
     out: list[dict | None] = [None] * len(rows)
     position = {row.index: k for k, row in enumerate(rows)}
+    empty = {"log": {}, "jacobian": {}, "family": "", "framework": ""} if jacobian else {}
     for index, message in errors.items():
         out[position[index]] = {key: None for key in PREDICTION_KEYS} | {
-            "pred_basis": "", "pred_error": message}
+            "pred_basis": "", "pred_error": message} | empty
     for g in groups:
         family, basis = resolve_family(g.family, params, fallback)
         if family == g.family and measured is not None and g.chip.name not in measured:
@@ -89,12 +158,29 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
         for start in range(0, len(g.rows), BATCH):
             chunk = _padded(g.rows, start)
             x = {k: jnp.asarray(v) for k, v in data.row_inputs(chunk).items()}
-            m = row_metrics(g.model, chip, g.design, raw,
-                            jnp.asarray(data.framework_rows(chunk, params)), **x)
-            row_values = m.to_row("pred_")
-            values = {k: row_values[k] for k in PREDICTION_KEYS}
-            values = {k: np.broadcast_to(np.asarray(v), (BATCH,)) for k, v in values.items()}
-            excess = np.broadcast_to(np.asarray(m.memory_excess), (BATCH,))
+            fw = jnp.asarray(data.framework_rows(chunk, params))
+
+            def metrics(delta, chip=chip, g=g, raw=raw, fw=fw, x=x):
+                # delta: one tangent for the family row and one for every row's framework
+                # row; each row depends on its own framework row only, so the Jacobian in
+                # delta is every row's Jacobian in its own 12 parameters.
+                m = row_metrics(g.model, chip, g.design, raw + delta[:len(FAMILY_FIELDS)],
+                                fw + delta[None, len(FAMILY_FIELDS):], **x)
+                row_values = m.to_row("pred_")
+                logs = {k: jnp.log(jnp.broadcast_to(row_values[k], (BATCH,)))
+                        for k in INTERVAL_KEYS}
+                return logs, (row_values, m.memory_excess)
+
+            delta = jnp.zeros(len(FAMILY_FIELDS) + fw.shape[1])
+            if jacobian:
+                jac, (row_values, excess) = jax.jacfwd(metrics, has_aux=True)(delta)
+                logs = {k: np.log(np.broadcast_to(np.asarray(row_values[k]), (BATCH,)))
+                        for k in INTERVAL_KEYS}
+            else:
+                _, (row_values, excess) = metrics(delta)
+            values = {k: np.broadcast_to(np.asarray(row_values[k]), (BATCH,))
+                      for k in PREDICTION_KEYS}
+            excess = np.broadcast_to(np.asarray(excess), (BATCH,))
             for j, row in enumerate(g.rows[start:start + BATCH]):
                 entry = {k: float(v[j]) for k, v in values.items()}
                 bad = [k for k, v in entry.items() if not math.isfinite(v)]
@@ -112,5 +198,9 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
                                       f"{1.0 + excess[j]:.2f}x the usable HBM per chip "
                                       "(memory_fraction x capacity)"}
                 entry.update(pred_model=g.model.name, pred_chip=g.chip.name)
+                if jacobian:
+                    entry.update(log={k: float(v[j]) for k, v in logs.items()},
+                                 jacobian={k: np.asarray(v[j]) for k, v in jac.items()},
+                                 family=g.family, framework=row.framework)
                 out[position[row.index]] = entry
     return out

@@ -10,7 +10,11 @@ names: `pred_tput_per_chip_total`, `pred_ttft_s`, `pred_power_w_modelled`, ...),
 fitted parameters were used; chips without measurements are predicted from their specs
 with their family's fit), `pred_error` (why a row has no prediction, a deployment that
 does not fit in HBM among them; the other rows still run) and `pred_fit` (the fitted
-parameters' versions).
+parameters' versions). `--interval 0.9` adds a 90 % prediction interval,
+`pred_<metric>_lo` and `pred_<metric>_hi`, for every latency and throughput column
+(`perfmodel.calibration.intervals`: the fit's parameter covariance propagated to the row plus
+the fit rows' model error; off by default, as the Jacobian of every row costs about 5x the
+prediction; power and energy have none).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import csv
 import sys
 
 from ..calibration import PREDICTION_KEYS, predict_rows
+from ..calibration.intervals import INTERVAL_KEYS
 from ..datasets import INFERENCEMAX_INPUTS, DataError, load_benchmarks, read_table
 from . import check_output, provenance, versions
 
@@ -37,14 +42,19 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="instead of rows: the design of a `perfmodel optimize --format "
                              "json` output (its `spec`), evaluated as the optimizer did; "
                              "writes its metrics as JSON")
+    parser.add_argument("--interval", metavar="LEVEL", type=float, default=None,
+                        help="add a central prediction interval of this level (0.9: 90 %%) "
+                             "as pred_<metric>_lo / pred_<metric>_hi columns (InferenceMAX-"
+                             "style rows; about 5x slower) (default: none)")
     parser.add_argument("--out", metavar="OUT.csv", default="-",
                         help="output CSV (JSON with --design) (default: standard output)")
     parser.set_defaults(func=run)
     return parser
 
 
-def predict_file(path: str) -> tuple[list[str], list[dict]]:
-    """(output columns, output rows) for an input CSV.
+def predict_file(path: str, interval: float | None = None) -> tuple[list[str], list[dict]]:
+    """(output columns, output rows) for an input CSV; with `interval` (a level in (0, 1))
+    the bounds of that prediction interval (`INTERVAL_KEYS` columns + "_lo", "_hi").
 
     Raises:
         DataError (a ValueError): a missing column or corrupt value, naming file, line,
@@ -64,18 +74,20 @@ def predict_file(path: str) -> tuple[list[str], list[dict]]:
                         "expected the columns of benchmarks_inferencemax.csv or of "
                         "power_measurements.csv")
     rows = load_benchmarks(path)
-    predictions = predict_rows(rows)
+    predictions = predict_rows(rows, interval=interval)
+    keys = PREDICTION_KEYS + (() if interval is None else tuple(
+        f"{k}_{side}" for k in INTERVAL_KEYS for side in ("lo", "hi")))
     out = []
     for raw, pred in zip(table.rows, predictions, strict=True):
         entry = dict(raw)
-        for key in PREDICTION_KEYS:
+        for key in keys:
             value = pred.get(key)
             entry[key] = "" if value is None else f"{value:.6g}"
         for key in DESCRIPTION_KEYS:
             entry[key] = pred.get(key, "")
         entry["pred_fit"] = _fit()
         out.append(entry)
-    return columns + list(PREDICTION_KEYS) + list(DESCRIPTION_KEYS) + ["pred_fit"], out
+    return columns + list(keys) + list(DESCRIPTION_KEYS) + ["pred_fit"], out
 
 
 #: What each prediction row says about itself beside the numbers: the presets its names
@@ -140,7 +152,10 @@ def run(args) -> int:
             with open(args.out, "w") as handle:
                 handle.write(text)
         return 0
-    columns, rows = predict_file(args.input)
+    if args.interval is not None and not 0.0 < args.interval < 1.0:
+        raise ValueError(f"predict: --interval {args.interval} must be a level in (0, 1), "
+                         "e.g. 0.9")
+    columns, rows = predict_file(args.input, args.interval)
     handle = sys.stdout if args.out == "-" else open(args.out, "w", newline="")
     try:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
