@@ -143,3 +143,29 @@ def test_whole_inferencemax_file_under_a_minute():
     elapsed = time.time() - start
     assert elapsed < 60.0
     assert all(r["pred_tput_per_chip_total"] != "" for r in rows)
+
+
+@pytest.mark.slow
+def test_cli_interval_columns_bracket_the_predictions(small, tmp_path):
+    """`--interval 0.9` (the shipped fitted_intervals.json): lo <= prediction <= hi for
+    every latency and throughput column of rows with a prediction, empty bounds where there
+    is none; a level outside (0, 1) is refused."""
+    from perfmodel import cli
+    from perfmodel.calibration.intervals import INTERVAL_KEYS
+    out = tmp_path / "out.csv"
+    assert cli.main(["predict", str(small), "--interval", "0.9", "--out", str(out)]) == 0
+    with open(out) as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        for key in INTERVAL_KEYS:
+            if row[key] == "":
+                assert row[key + "_lo"] == row[key + "_hi"] == ""
+                continue
+            lo, pred, hi = (float(row[key + s]) for s in ("_lo", "", "_hi"))
+            assert all(math.isfinite(v) for v in (lo, pred, hi))
+            assert lo <= pred * (1 + 1e-5) and pred <= hi * (1 + 1e-5), (key, row)
+    # The b200 row (its family's own fit) is narrower than the jalapeno one (predicted with
+    # blackwell's fit: the between-family spread is added).
+    width = [float(r["pred_tpot_s_hi"]) / float(r["pred_tpot_s_lo"]) for r in rows[:4]]
+    assert width[0] < width[3]
+    assert cli.main(["predict", str(small), "--interval", "1.5"]) == 2
