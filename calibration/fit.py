@@ -122,11 +122,12 @@ def fit_intervals(fitted, data: dict, gemm, nccl, out=INTERVALS_OUTPUT,
                                   linearized=linearized)
     meta = {"date": datetime.date.today().isoformat(),
             "fit": f"fitted_params.json v{data.get('version')} of {data.get('date')}",
+            "fit_loss": data.get("loss"),
             "fitted_on": "the fit rows of fitted_params.json (never calibration/heldout.json)"
                          " and the GEMM/NCCL samples",
             "method": "Gauss-Newton covariance with the priors, propagated by jax.jacfwd; "
-                      "per-metric robust scale and quantiles of normalized (leave-one-out "
-                      "for the fitted metrics) log residuals",
+                      "per-metric and per-framework robust scale and per-metric quantiles "
+                      "of normalized (leave-one-out for the fitted metrics) log residuals",
             "residual_sigma": summary["sigma"], "seconds": round(time.time() - start, 1)}
     fitted_files.write(result.to_json(meta), out)
     return result, summary

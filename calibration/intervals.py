@@ -25,6 +25,7 @@ import validate
 from perfmodel import calibration as cal
 from perfmodel import fitted as shipped
 from perfmodel.calibration import intervals as iv
+from perfmodel.calibration.params import resolve_framework
 from perfmodel.calibration.predict import add_bounds, linearize
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -78,6 +79,15 @@ def markdown(report: dict, level: float) -> str:
         lines.append(f"| {SHORT[key]}{fitted_mark} | {h['n']} | {h['share']:.1%} | "
                      f"{h['below']} / {h['above']} | {h['width_median']:.2f}x | "
                      f"{f['share']:.1%} | {g['share']:.1%} |")
+    lines += ["", f"Held-out share inside the {level:.0%} interval and median hi/lo per "
+              "framework (the model-error scale is per framework):", "",
+              "| framework | n | " + " | ".join(SHORT[k] for k in iv.FITTED) + " |",
+              "| --- | ---: | " + " | ".join("---:" for _ in iv.FITTED) + " |"]
+    for name, cov in report["heldout_by_framework"].items():
+        n = cov[next(iter(iv.FITTED))]["n"]
+        lines.append(f"| {name} | {n} | " + " | ".join(
+            f"{cov[k]['share']:.0%} ({cov[k]['width_median']:.2f}x)" for k in iv.FITTED)
+            + " |")
     lines += ["", "Held-out share at other levels: " + "; ".join(
         f"{lv:.0%}: " + ", ".join(f"{SHORT[k]} {report['heldout'][str(lv)][k]['share']:.1%}"
                                   for k in iv.FITTED) for lv in LEVELS if lv != level),
@@ -111,6 +121,11 @@ def main(argv=None):
                                                 params, intervals, level)
         report["heldout_gaussian"][str(level)] = coverage(
             held, [by_index[r.index] for r in held], params, intervals, level, gaussian=True)
+    report["heldout_by_framework"] = {}
+    for name in sorted({resolve_framework(r.framework, params.frameworks) for r in held}):
+        subset = [r for r in held if resolve_framework(r.framework, params.frameworks) == name]
+        report["heldout_by_framework"][name or "priors"] = coverage(
+            subset, [by_index[r.index] for r in subset], params, intervals, args.level)
     report["seconds"] = round(time.time() - start, 1)
     (HERE / "intervals.json").write_text(json.dumps(report, indent=1) + "\n")
     text = markdown(report, args.level)

@@ -111,13 +111,22 @@ def eqx_pooling(intervals, pooling):
                         keys=intervals.keys, pooling=pooling)
 
 
-def test_json_round_trip():
-    p = Params.prior(("hopper",), ("vllm",))
+def test_json_round_trip_and_framework_scales():
+    p = Params.prior(("hopper",), ("sglang", "vllm"))
     a = iv.Intervals.at_priors(p, scale=0.2)
+    a = iv.Intervals(covariance=a.covariance, scale=a.scale, quantiles=a.quantiles,
+                     names=a.names, keys=a.keys,
+                     framework_scale=np.tile([0.3, 0.1], (len(a.keys), 1)),
+                     scale_frameworks=("sglang", "vllm"))
     b = iv.Intervals.from_json(a.to_json({"date": "x"}))
     np.testing.assert_allclose(b.covariance, a.covariance)
     np.testing.assert_allclose(b.quantiles, a.quantiles)
+    np.testing.assert_allclose(b.framework_scale, a.framework_scale)
     assert b.names == a.names and b.keys == a.keys
+    # Its own scale, its engine's (sglang-disagg -> sglang), the metric's for the unknown.
+    assert b.scale_for("pred_ttft_s", "vllm", p) == 0.1
+    assert b.scale_for("pred_ttft_s", "sglang-disagg", p) == 0.3
+    assert b.scale_for("pred_ttft_s", "nonesuch", p) == 0.2
     with pytest.raises(ValueError, match="version"):
         iv.Intervals.from_json({"version": 99})
 
@@ -140,6 +149,26 @@ def test_shipped_intervals_match_the_shipped_fit():
     for key in iv.INTERVAL_KEYS:
         lo, hi = intervals.z(key, 0.9)
         assert lo < 0 < hi, key
+
+
+def test_intervals_of_another_fit_are_refused(monkeypatch):
+    """A fitted_intervals.json whose fit loss is not the shipped fit's (a refit that did not
+    rewrite it) is refused by name before any work; so is a level outside (0, 1)."""
+    from perfmodel.calibration.predict import predict_rows
+
+    real = fitted.read
+
+    def read(name):
+        data = dict(real(name))
+        if name == iv.INTERVAL_FILE:
+            data["fit_loss"] = -1.0
+        return data
+
+    monkeypatch.setattr(fitted, "read", read)
+    with pytest.raises(ValueError, match="another fit"):
+        predict_rows([], interval=0.9)
+    with pytest.raises(ValueError, match="level"):
+        predict_rows([], interval=1.0)
 
 
 @pytest.mark.slow

@@ -11,9 +11,10 @@ A prediction's log value y(theta) is uncertain for two reasons:
   (`latency.Prior`, partial pooling included). The priors keep C finite in the directions
   the data do not identify, where it is the prior width; the variance of the prediction is
   g^T C g with g = dy/dtheta (`jax.jacfwd`, in log space for the log-parametrized fields);
-- the model itself, which no parameter value fixes: a per-metric scale s_k of the log
-  residuals log(measured / predicted) on the fit rows (1.4826 x their median absolute value,
-  a robust standard deviation).
+- the model itself, which no parameter value fixes: a scale s_k of the log residuals
+  log(measured / predicted) on the fit rows (1.4826 x their median absolute value, a robust
+  standard deviation), per metric and per fitted framework (the disaggregated engines miss
+  by 2-5x more than vLLM), each framework's shrunk toward the metric's by `SHRINKAGE` rows.
 
 The interval of a row is y + [z_lo, z_hi] x sqrt(s_k^2 + g^T C g), where z_lo, z_hi are
 quantiles of the normalized residuals (log(measured / predicted) / sqrt(s_k^2 + g^T C g)) of
@@ -72,6 +73,8 @@ INTERVAL_KEYS = tuple(MEASURED)
 #: Prediction columns whose measured column the latency fit fits (`latency.E2E_KEYS`).
 FITTED = {"pred_tput_per_chip_total": "tput_per_gpu", "pred_tpot_s": "median_tpot_s",
           "pred_ttft_s": "median_ttft_s"}
+#: Rows' worth of the metric's own scale in each framework's (`estimate`).
+SHRINKAGE = 10.0
 #: Probabilities at which the normalized residuals' quantiles are stored.
 PROBABILITIES = np.round(np.linspace(0.0, 1.0, 201), 6)
 
@@ -190,6 +193,20 @@ class Intervals(eqx.Module):
     """Prediction columns with a model-error term (`INTERVAL_KEYS`)."""
     pooling: float | None = eqx.field(static=True, default=None)
     """Partial pooling scale of the fit (a fallback family's spread), None without."""
+    framework_scale: np.ndarray | None = None
+    """(len(keys), len(scale_frameworks)) model-error standard deviation per metric and
+    fitted framework (shrunk toward `scale`), None for one scale per metric."""
+    scale_frameworks: tuple[str, ...] = eqx.field(static=True, default=())
+    """The frameworks of `framework_scale`'s columns."""
+
+    def scale_for(self, key: str, framework: str, params: Params) -> float:
+        """Model-error scale of metric `key` for a row of `framework` (along
+        `params.FRAMEWORK_FALLBACK`; the metric's own scale for a framework without one)."""
+        k = self.keys.index(key)
+        name = resolve_framework(framework, params.frameworks)
+        if self.framework_scale is not None and name in self.scale_frameworks:
+            return float(self.framework_scale[k, self.scale_frameworks.index(name)])
+        return float(self.scale[k])
 
     @staticmethod
     def at_priors(params: Params, scale: float = 0.0) -> Intervals:
@@ -243,6 +260,10 @@ class Intervals(eqx.Module):
                 "probabilities": PROBABILITIES.tolist(),
                 "metrics": {k: {"measured": MEASURED[k], "fitted": k in FITTED,
                                 "scale": float(self.scale[i]),
+                                "scale_by_framework": (
+                                    {} if self.framework_scale is None else
+                                    {f: float(self.framework_scale[i, j]) for j, f in
+                                     enumerate(self.scale_frameworks)}),
                                 "z_quantiles": np.asarray(self.quantiles[i]).tolist()}
                             for i, k in enumerate(self.keys)}}
 
@@ -265,10 +286,18 @@ class Intervals(eqx.Module):
         keys = tuple(data["metrics"])
         quantiles = np.array([np.interp(PROBABILITIES, grid, data["metrics"][k]["z_quantiles"])
                               for k in keys])
+        by_framework = [data["metrics"][k].get("scale_by_framework") or {} for k in keys]
+        frameworks = tuple(sorted(set().union(*by_framework)))
+        framework_scale = None
+        if frameworks:
+            framework_scale = np.array([[b.get(f, data["metrics"][k]["scale"])
+                                         for f in frameworks]
+                                        for k, b in zip(keys, by_framework, strict=True)])
         return Intervals(covariance=cov, scale=np.array([data["metrics"][k]["scale"]
                                                           for k in keys]),
                          quantiles=quantiles, names=names, keys=keys,
-                         pooling=data.get("pooling"))
+                         pooling=data.get("pooling"), framework_scale=framework_scale,
+                         scale_frameworks=frameworks)
 
 
 def _normal_quantile(p: float) -> float:
@@ -301,7 +330,8 @@ def _op_linearized(block: OpTimings, params: Params):
 
 def estimate(rows: Sequence[BenchRow], params: Params, gemm: Sequence[dict] = (),
              nccl: Sequence[dict] = (), pooling: float | None = None,
-             linearized: Sequence[dict] | None = None) -> tuple[Intervals, dict]:
+             linearized: Sequence[dict] | None = None, by_framework: bool = True
+             ) -> tuple[Intervals, dict]:
     """The intervals of a fit, from its fit rows only.
 
     Args:
@@ -310,6 +340,8 @@ def estimate(rows: Sequence[BenchRow], params: Params, gemm: Sequence[dict] = ()
         gemm, nccl: the op-level samples the fit used.
         pooling: the fit's partial pooling (`latency.Prior`).
         linearized: `predict.linearize(rows, params)` when already computed.
+        by_framework: a model-error scale per metric and framework (shrunk toward the
+            metric's), else one per metric.
 
     Returns:
         (intervals, a summary: residual scales and rows per data set).
@@ -364,7 +396,7 @@ def estimate(rows: Sequence[BenchRow], params: Params, gemm: Sequence[dict] = ()
     base = Intervals(covariance=cov, scale=np.zeros(len(INTERVAL_KEYS)),
                      quantiles=np.zeros((len(INTERVAL_KEYS), len(PROBABILITIES))),
                      names=names, keys=INTERVAL_KEYS, pooling=pooling)
-    scales, quantiles = [], []
+    scales, quantiles, framework_scales = [], [], []
     for key in INTERVAL_KEYS:
         column = MEASURED[key]
         members = _members(fitted_rows, key)
@@ -376,7 +408,20 @@ def estimate(rows: Sequence[BenchRow], params: Params, gemm: Sequence[dict] = ()
             e_log = e_log / np.maximum(1.0 - h, 1e-3)
             summary.setdefault("leverage_max", {})[column] = float(h.max())
         scale = _robust_scale(e_log)
-        z = -e_log / np.sqrt(scale ** 2 + variance)
+        row_scale = np.full(len(members), scale)
+        if by_framework:
+            names_fw = np.array([resolve_framework(r.framework, params.frameworks)
+                                 for r, _ in members])
+            column_scales = []
+            for f in params.frameworks:
+                e_f = e_log[names_fw == f]
+                # Shrunk toward the metric's scale, SHRINKAGE rows' worth of it.
+                s_f = math.sqrt((e_f.size * _robust_scale(e_f) ** 2 if e_f.size else 0.0)
+                                + SHRINKAGE * scale ** 2) / math.sqrt(e_f.size + SHRINKAGE)
+                row_scale[names_fw == f] = s_f
+                column_scales.append(s_f)
+            framework_scales.append(column_scales)
+        z = -e_log / np.sqrt(row_scale ** 2 + variance)
         scales.append(scale)
         quantiles.append(np.quantile(z, PROBABILITIES))
         summary.setdefault("scale", {})[column] = scale
@@ -384,6 +429,11 @@ def estimate(rows: Sequence[BenchRow], params: Params, gemm: Sequence[dict] = ()
             np.median(np.sqrt(variance)))
     intervals = eqx.tree_at(lambda iv: (iv.scale, iv.quantiles), base,
                             (np.array(scales), np.array(quantiles)))
+    if by_framework:
+        intervals = Intervals(covariance=cov, scale=np.array(scales),
+                              quantiles=np.array(quantiles), names=names, keys=INTERVAL_KEYS,
+                              pooling=pooling, framework_scale=np.array(framework_scales),
+                              scale_frameworks=params.frameworks)
     summary["date"] = datetime.date.today().isoformat()
     return intervals, summary
 

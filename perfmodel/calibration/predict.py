@@ -65,7 +65,8 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
             prior widths and no model error (`Intervals.at_priors`).
 
     Raises:
-        ValueError: `interval` outside (0, 1), or no shipped intervals file for it.
+        ValueError: `interval` outside (0, 1), or no shipped intervals file for it, or one
+            of another fit.
 
     Returns:
         One dict per row: the `PREDICTION_KEYS` (SI units: tokens/s, s, W, J; floats, or
@@ -89,18 +90,23 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
         shipped = fitted.read(fitted.LATENCY_FILE)
         params = from_json(shipped)
         measured = shipped.get("measured_chips", measured)
-    entries = _evaluate(rows, params, fallback, measured, power, interval is not None)
-    if interval is None:
-        return entries
-    if intervals is None and shipped_params:
+    if interval is not None and intervals is None and shipped_params:
         stored = fitted.read(INTERVAL_FILE)
         if not stored:
             raise ValueError(f"predict_rows(interval=...): perfmodel/data/{INTERVAL_FILE} is "
                              "not shipped; write it with `python calibration/fit.py` (or "
                              "calibration/intervals.py for the shipped fit)")
+        if stored.get("fit_loss") != shipped.get("loss"):
+            raise ValueError(f"perfmodel/data/{INTERVAL_FILE} belongs to another fit (loss "
+                             f"{stored.get('fit_loss')} against fitted_params.json's "
+                             f"{shipped.get('loss')}); rewrite it with "
+                             "`python calibration/intervals.py`")
         intervals = Intervals.from_json(stored)
-    elif intervals is None:
+    elif interval is not None and intervals is None:
         intervals = Intervals.at_priors(params)
+    entries = _evaluate(rows, params, fallback, measured, power, interval is not None)
+    if interval is None:
+        return entries
     return [add_bounds(e, params, fallback, intervals, interval) for e in entries]
 
 
@@ -129,7 +135,7 @@ def add_bounds(entry: dict, params: Params, fallback, intervals: Intervals,
         if key not in intervals.keys:
             continue
         z_lo, z_hi = intervals.z(key, level)
-        scale = intervals.scale[intervals.keys.index(key)]
+        scale = intervals.scale_for(key, lin["framework"], params)
         lo, hi, _ = bounds(jnp.asarray([lin["log"][key]]),
                            jnp.asarray(lin["jacobian"][key])[None], jnp.asarray(cov)[None],
                            jnp.asarray(scale), jnp.asarray(z_lo), jnp.asarray(z_hi))
