@@ -256,7 +256,7 @@ def main(argv=None):
             p = by_line[row["line"]]
             row["after"] = float(p["pred_result_per_accelerator"] or "nan")
             row["config"], row["error"] = p["pred_config"], p["pred_error"]
-            row["saturated_at_target"] = "saturation" in p["pred_basis"]
+            row["saturated_at_target"] = p["pred_target_saturated"] == "yes"
             for key, col in (("ttft50", "pred_p50_ttft_ms"), ("ttft99", "pred_p99_ttft_ms"),
                              ("tpot50", "pred_p50_tpot_ms"), ("tpot99", "pred_p99_tpot_ms")):
                 row[f"pred_{key}"] = float(p[col]) / 1e3 if p[col] else float("nan")
@@ -269,6 +269,8 @@ def main(argv=None):
                                 for r in offline if not np.isfinite(r["after"])},
         "server_capacity": {s: _summary([r for r in serving if r["scenario"] == s], "after")
                             for s in ("Server", "Interactive")},
+        "server_capacity_target_saturated": _summary(
+            [r for r in serving if r["saturated_at_target"]], "after"),
         "server_echo_before": _summary(rows, "echo_tput"),
         "latency_at_target": {k: _median([abs(r[f"pred_{k}"] / r[k] - 1) for r in serving])
                               for k in ("ttft50", "ttft99", "tpot50", "tpot99")},
@@ -287,8 +289,36 @@ def main(argv=None):
     sys.path.insert(0, str(HERE))
     from validate import replace_section
     replace_section(HERE / "README.md", text, tag="MLPERF")
+    plot_offline(offline, HERE.parent / "docs" / "mlperf_offline.png")
     print(text)
     return 0
+
+
+def plot_offline(offline: list[dict], path: pathlib.Path) -> None:
+    """Parity plot of Offline output tokens/s per accelerator, before and after."""
+    from matplotlib.figure import Figure
+
+    from perfmodel.plots import save
+
+    figure = Figure(figsize=(6.5, 6), layout="constrained")
+    ax = figure.subplots()
+    models = sorted({r["model"] for r in offline})
+    for i, model in enumerate(models):
+        rs = [r for r in offline if r["model"] == model]
+        measured = np.array([r["tput"] for r in rs])
+        ax.scatter(measured, [r["before"] for r in rs], s=12, marker="x", color=f"C{i}",
+                   alpha=0.35)
+        ax.scatter(measured, [r["after"] for r in rs], s=16, color=f"C{i}", label=model)
+    low, high = 20.0, 6e4
+    ax.plot([low, high], [low, high], "k-", lw=0.8)
+    for k in (0.8, 1.25):
+        ax.plot([low, high], [k * low, k * high], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high),
+           xlabel="measured Offline output tokens/s per accelerator",
+           ylabel="predicted (dots: searched configuration; x: previous rules)",
+           title="MLPerf v4.1/v5.1 Offline (never fitted)")
+    ax.legend(fontsize=7, loc="upper left")
+    save(figure, str(path))
 
 
 def _pct(x):
@@ -329,6 +359,10 @@ def report(summary, offline, serving, skipped, elapsed) -> str:
                          f"{_pct(v['median_abs_error'])} |")
         lines.append(f"| **{s}** | | {summ['all']['n']} | {summ['all']['median_ratio']:.2f} | "
                      f"{_pct(summ['all']['median_abs_error'])} |")
+    sat = summary["server_capacity_target_saturated"]["all"]
+    lines += ["", f"Of these, {sat['n']} rows have a `target_qps` above the predicted capacity "
+              f"(`pred_target_saturated`): median ratio {sat['median_ratio']:.2f}, median "
+              f"error {_pct(sat['median_abs_error'])}."]
     echo = summary["server_echo_before"]["all"]
     lat, lat0 = summary["latency_at_target"], summary["latency_at_target_before"]
     lines += ["", f"**Echo rows** (throughput at the row's own `target_qps`, the previous "

@@ -78,7 +78,7 @@ DRAFT_TOKENS = (1.0, 2.0, 3.0)
 MTP_ACCEPTANCE = 0.85
 #: Output columns (`predict_rows`).
 COLUMNS = ("pred_result_per_accelerator", "pred_p50_ttft_ms", "pred_p99_ttft_ms",
-           "pred_p50_tpot_ms", "pred_p99_tpot_ms", "pred_config", "pred_capacity_row",
+           "pred_p50_tpot_ms", "pred_p99_tpot_ms", "pred_config", "pred_target_saturated",
            "pred_basis", "pred_error")
 
 
@@ -398,9 +398,10 @@ def at_rate(spec: RowSpec, index: int, qps: float) -> dict:
 def predict_row(raw: dict) -> dict:
     """`COLUMNS` for one results row (floats in ms and tokens/s, or "" with `pred_error`).
 
-    `pred_capacity_row` is "yes" where the prediction is a capacity (always: Offline's best
-    throughput, Server/Interactive's highest rate meeting the limits), and the latencies at
-    the row's `target_qps` say "saturated" in `pred_basis` when that rate exceeds it.
+    `pred_result_per_accelerator` is always a capacity (Offline's best throughput,
+    Server/Interactive's highest rate meeting the limits); `pred_target_saturated` says
+    whether a Server/Interactive row's `target_qps` exceeds the predicted steady rate of the
+    chosen configuration ("yes": its latencies are those at saturation; "" for Offline).
     """
     empty = {key: "" for key in COLUMNS}
     try:
@@ -419,7 +420,7 @@ def predict_row(raw: dict) -> dict:
                      "TTFT without queueing beyond the batch)")
     basis += list(spec.notes)
     out = empty | {"pred_result_per_accelerator": f"{cap['result']:.6g}",
-                   "pred_config": cap["label"], "pred_capacity_row": "yes"}
+                   "pred_config": cap["label"]}
     qps = _number(raw, "target_qps")
     if spec.scenario != "Offline" and math.isfinite(qps) and qps > 0:
         lat = at_rate(spec, cap["index"], qps)
@@ -427,6 +428,7 @@ def predict_row(raw: dict) -> dict:
                     "pred_p99_ttft_ms": f"{lat['p99_ttft'] * 1e3:.6g}",
                     "pred_p50_tpot_ms": f"{lat['tpot'] * 1e3:.6g}",
                     "pred_p99_tpot_ms": f"{lat['p99_tpot'] * 1e3:.6g}"})
+        out["pred_target_saturated"] = "yes" if lat["saturated"] else "no"
         if lat["saturated"]:
             basis.append("target_qps above the predicted steady rate: latencies at saturation")
     out["pred_basis"] = "; ".join(basis)
