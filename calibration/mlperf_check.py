@@ -1,27 +1,26 @@
-"""MLPerf Inference Server/Interactive check: `python calibration/mlperf_check.py`.
+"""MLPerf Inference check: `python calibration/mlperf_check.py` (about 10 minutes on 2 cores).
 
-Predicts the MLPerf v4.1/v5.1 Server and Interactive rows of `data/benchmarks_mlperf.csv`
-whose model and accelerator are presets (variants with other memory or power, NVL/PCIe
-cards, mixed systems are skipped) with the shipped fit, and compares output tokens/s per
-accelerator and TTFT/TPOT p50 and p99. Nothing here is fitted: MLPerf is a check only.
+Predicts the MLPerf v4.1/v5.1 rows of `data/benchmarks_mlperf.csv` with `perfmodel.mlperf`
+(the same code as `perfmodel predict` on an MLPerf CSV) and compares each scenario's own
+metric, output tokens/s per accelerator:
 
-Assumptions (stated in calibration/README.md):
+- **Offline** (capacity): the best sustainable throughput over every serving
+  configuration the model's own search finds (layouts with expert parallelism, DP
+  attention and pipelines; speculative decoding where the round's rules allow it; batches
+  up to what fits in memory), at the data sets' published or derived mean lengths
+  (`perfmodel/data/mlperf_lengths.csv`, each with its source).
+- **Server / Interactive capacity**: the highest Poisson rate whose p99 TTFT and TPOT
+  meet the row's limits (steady-state approximation, `perfmodel.mlperf`), against the
+  submitted result (the rate the submitter's system sustained within the same limits).
+- **At the target QPS** (echo rows): the previous check's prediction of the throughput at
+  the row's `target_qps`, which is the offered load whenever the model keeps up, so it
+  tests nothing about capacity; kept for comparison, with its TTFT/TPOT at the target.
 
-- Load: open loop, Poisson arrivals at the row's `target_qps` (MLPerf Server/Interactive
-  LoadGen), solved as the model's fixed point c = rate x E2E(c) (`serving` open-loop
-  definition) on a grid of concurrencies; when no fixed point exists the system is
-  predicted saturated and the row is evaluated where its predicted throughput first reaches
-  99 % of its peak (the largest batch that fits; queueing beyond it is not counted).
-- No synchronized start (LoadGen's Poisson arrivals), so no first-wave burst in p99 TTFT
-  (`Workload.first_wave_fraction` ~ 0); the p99 figures still take fixed lengths.
-- Output lengths: the data set's mean tokens per sample (`mlperf_dataset_lengths.csv`,
-  reference mean) at a fixed length. Input means are NOT published: `ASSUMED_INPUT` below.
-- Layout: the smallest power-of-two tensor-parallel group (up to the node) whose weights
-  take at most 60 % of the usable HBM, replicated over the system's accelerators; the
-  framework is TensorRT-LLM ("trt") for TensorRT software, else vLLM.
-- Precision: the row's weight data type as logged (fp16 -> bf16; NVIDIA's v4.1 Llama-2-70B
-  rows log fp16 although TensorRT-LLM's MLPerf recipes quantize to FP8: UNVERIFIED), FP8 KV
-  where the chip runs FP8.
+"Before" is the previous check's rules, kept below (`load_rows`, `layout_for`,
+`ASSUMED_INPUT`; `mlperf_serving.py` still simulates with them): the smallest plain-TP
+group whose weights take <= 60 % of HBM, ASSUMED input means, and for Offline the
+throughput where it reaches 99 % of its peak over a concurrency grid. Nothing here is
+fitted and no measured column is read before the comparison.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from perfmodel import fitted as shipped  # noqa: E402
+from perfmodel import mlperf  # noqa: E402
 from perfmodel.design import Design, Layout, precision  # noqa: E402
 from perfmodel.kvcache import weight_bytes_per_chip  # noqa: E402
 from perfmodel.presets import chip_key, get_chip, get_model, model_key  # noqa: E402
@@ -167,52 +167,213 @@ def predict_rows(rows):
     return out
 
 
+def legacy_offline(rows: list[dict]) -> list[float]:
+    """Offline output tokens/s per accelerator by the previous rules (the "before")."""
+    out = []
+    for row in rows:
+        name, chip_name, weights = row["model"], row["chip"], row["weights"]
+        model, chip = get_model(name), get_chip(chip_name)
+        prec = precision(chip, model, weights)
+        layout = layout_for(model, chip, prec, row["per_node"], row["accelerators"])
+        framework = "trt" if "tensorrt" in row["software"].lower() else "vllm"
+        design = Design(concurrency=jnp.asarray(GRID), layout=Layout(tp=layout.tp),
+                        precision=prec, runtime=shipped.runtime_for(framework))
+        workload = Workload(ASSUMED_INPUT[name], OUTPUT_MEAN[name], input_range_ratio=1.0,
+                            output_range_ratio=1.0, first_wave_fraction=1e-6)
+        m = predict(model, chip, workload, design, check=False)
+        tput = np.where(np.asarray(m.fits), np.asarray(m.output_throughput_per_chip), np.nan)
+        out.append(float(tput[int(np.nanargmax(tput >= 0.99 * np.nanmax(tput)))])
+                   if np.isfinite(tput).any() else float("nan"))
+    return out
+
+
+def offline_rows(path=DATA / "benchmarks_mlperf.csv"):
+    """Offline rows the previous rules could also run (preset model and chip, no variant,
+    a known weight type), as `load_rows` builds them, with the raw row."""
+    out = []
+    with open(path, newline="") as handle:
+        for line, raw in enumerate(csv.DictReader(handle), start=2):
+            if raw["scenario"] != "Offline" or not raw["result_per_accelerator"]:
+                continue
+            try:
+                model = model_key(raw["model"], label=True)
+                chip = chip_key(raw["accelerator"], label=True)
+            except ValueError:
+                continue
+            if SKIP.search(raw["accelerator"]) or raw["weight_data_types"].lower() not in WEIGHTS:
+                continue
+            out.append(dict(line=line, model=model, chip=chip, scenario="Offline",
+                            weights=WEIGHTS[raw["weight_data_types"].lower()],
+                            accelerators=int(float(raw["total_accelerators"])),
+                            per_node=max(int(float(raw["accel_per_node"])), 1),
+                            software=raw["software"], submitter=raw["submitter"],
+                            version=raw["mlperf_version"],
+                            tput=float(raw["result_per_accelerator"]), raw=raw))
+    return out
+
+
+def _median(x):
+    x = [v for v in x if np.isfinite(v)]
+    return float(np.median(x)) if x else float("nan")
+
+
+def _summary(rows, key):
+    """Median |error| and median ratio of `key` against the measured result, overall and
+    per model."""
+    def one(rs):
+        ratio = [r[key] / r["tput"] for r in rs]
+        return {"n": len(rs), "median_abs_error": _median([abs(x - 1) for x in ratio]),
+                "median_ratio": _median(ratio)}
+    models = sorted({r["model"] for r in rows})
+    return {"all": one(rows), "by_model": {m: one([r for r in rows if r["model"] == m])
+                                           for m in models}}
+
+
 def main(argv=None):
     start = time.time()
+    # Offline: before (previous rules) and after (perfmodel.mlperf), same rows.
+    offline = offline_rows()
+    for row, before in zip(offline, legacy_offline(offline), strict=True):
+        row["before"] = before
+    raw_all = []
+    with open(DATA / "benchmarks_mlperf.csv", newline="") as handle:
+        raw_all = list(csv.DictReader(handle))
+    predicted = mlperf.predict_rows(raw_all, progress=lambda i, n: i % 50 or print(
+        f"[{i}/{n} {time.time() - start:.0f} s]", flush=True))
+    by_line = {i + 2: p for i, p in enumerate(predicted)}
+    for row in offline:
+        p = by_line[row["line"]]
+        row["after"] = float(p["pred_result_per_accelerator"] or "nan")
+        row["config"], row["error"] = p["pred_config"], p["pred_error"]
+    # Server/Interactive: capacity (after) and the previous at-target prediction (echo).
     rows, skipped = load_rows()
     by_structure = {}
     for row in rows:
         by_structure.setdefault(_structure(row), []).append(row)
-    results = []
     for members in by_structure.values():
         for row, pred in zip(members, predict_rows(members), strict=True):
-            results.append({**row, **{f"pred_{k}": v for k, v in pred.items()}})
-    groups = {}
-    for r in results:
-        groups.setdefault((r["model"], r["chip"], r["scenario"]), []).append(r)
-    lines = [
-        "| model | chip | scenario | n | saturated | tput/acc med | TTFT p50 med | "
-        "TTFT p99 med | TPOT p50 med | TPOT p99 med |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    summary = []
-
-    def ape(rs, key):
-        return float(np.median([abs(r[f"pred_{key}"] / r[key] - 1) * 100 for r in rs]))
-
-    for key in sorted(groups) + [("all", "", "")]:
-        rs = results if key[0] == "all" else groups[key]
-        entry = {"model": key[0], "chip": key[1], "scenario": key[2], "n": len(rs),
-                 "saturated": sum(r["pred_saturated"] for r in rs),
-                 **{k: ape(rs, k) for k in ("tput", "ttft50", "ttft99", "tpot50", "tpot99")}}
-        summary.append(entry)
-        name = "**all**" if key[0] == "all" else key[0]
-        lines.append(f"| {name} | {key[1]} | {key[2]} | {entry['n']} | {entry['saturated']} | "
-                     + " | ".join(f"{entry[k]:.1f}%" for k in ("tput", "ttft50", "ttft99",
-                                                              "tpot50", "tpot99")) + " |")
+            row.update({f"echo_{k}": v for k, v in pred.items()})
+            p = by_line[row["line"]]
+            row["after"] = float(p["pred_result_per_accelerator"] or "nan")
+            row["config"], row["error"] = p["pred_config"], p["pred_error"]
+            row["saturated_at_target"] = p["pred_target_saturated"] == "yes"
+            for key, col in (("ttft50", "pred_p50_ttft_ms"), ("ttft99", "pred_p99_ttft_ms"),
+                             ("tpot50", "pred_p50_tpot_ms"), ("tpot99", "pred_p99_tpot_ms")):
+                row[f"pred_{key}"] = float(p[col]) / 1e3 if p[col] else float("nan")
+    scored = [r for r in offline if np.isfinite(r["after"])]
+    serving = [r for r in rows if np.isfinite(r["after"])]
+    summary = {
+        "offline_before": _summary(offline, "before"),
+        "offline_after": _summary(scored, "after"),
+        "offline_unpredicted": {r["error"]: sum(1 for x in offline if x["error"] == r["error"])
+                                for r in offline if not np.isfinite(r["after"])},
+        "server_capacity": {s: _summary([r for r in serving if r["scenario"] == s], "after")
+                            for s in ("Server", "Interactive")},
+        "server_capacity_target_saturated": _summary(
+            [r for r in serving if r["saturated_at_target"]], "after"),
+        "server_echo_before": _summary(rows, "echo_tput"),
+        "latency_at_target": {k: _median([abs(r[f"pred_{k}"] / r[k] - 1) for r in serving])
+                              for k in ("ttft50", "ttft99", "tpot50", "tpot99")},
+        "latency_at_target_before": {k: _median([abs(r[f"echo_{k}"] / r[k] - 1)
+                                                 for r in rows])
+                                     for k in ("ttft50", "ttft99", "tpot50", "tpot99")},
+    }
     elapsed = time.time() - start
-    text = ("Median APE of the shipped fit on MLPerf Server/Interactive rows (a check, never "
-            f"fitted; {len(results)} rows, skipped: "
-            + ", ".join(f"{v} {k}" for k, v in sorted(skipped.items()))
-            + f"; {elapsed:.0f} s). `saturated`: the model finds no steady state at the "
-            "target QPS (or the layout does not fit), so its figures are those at "
-            "saturation.\n\n" + "\n".join(lines) + "\n")
+    text = report(summary, offline, serving, skipped, elapsed)
+    for r in offline:
+        r.pop("raw", None)
     (HERE / "mlperf_check.json").write_text(json.dumps(
-        {"summary": summary, "rows": results, "skipped": skipped}, indent=1) + "\n")
+        {"summary": summary, "offline": offline, "server": rows, "skipped": skipped,
+         "lengths": mlperf.dataset_lengths(), "wall_s": elapsed}, indent=1,
+        default=float) + "\n")
     sys.path.insert(0, str(HERE))
     from validate import replace_section
     replace_section(HERE / "README.md", text, tag="MLPERF")
+    plot_offline(offline, HERE.parent / "docs" / "mlperf_offline.png")
     print(text)
     return 0
+
+
+def plot_offline(offline: list[dict], path: pathlib.Path) -> None:
+    """Parity plot of Offline output tokens/s per accelerator, before and after."""
+    from matplotlib.figure import Figure
+
+    from perfmodel.plots import save
+
+    figure = Figure(figsize=(6.5, 6), layout="constrained")
+    ax = figure.subplots()
+    models = sorted({r["model"] for r in offline})
+    for i, model in enumerate(models):
+        rs = [r for r in offline if r["model"] == model]
+        measured = np.array([r["tput"] for r in rs])
+        ax.scatter(measured, [r["before"] for r in rs], s=12, marker="x", color=f"C{i}",
+                   alpha=0.35)
+        ax.scatter(measured, [r["after"] for r in rs], s=16, color=f"C{i}", label=model)
+    low, high = 20.0, 6e4
+    ax.plot([low, high], [low, high], "k-", lw=0.8)
+    for k in (0.8, 1.25):
+        ax.plot([low, high], [k * low, k * high], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high),
+           xlabel="measured Offline output tokens/s per accelerator",
+           ylabel="predicted (dots: searched configuration; x: previous rules)",
+           title="MLPerf v4.1/v5.1 Offline (never fitted)")
+    ax.legend(fontsize=7, loc="upper left")
+    save(figure, str(path))
+
+
+def _pct(x):
+    return f"{100 * x:.1f} %" if np.isfinite(x) else "-"
+
+
+def report(summary, offline, serving, skipped, elapsed) -> str:
+    before, after = summary["offline_before"], summary["offline_after"]
+    lines = [
+        f"MLPerf v4.1/v5.1, shipped fit, never fitted on these rows ({elapsed:.0f} s). "
+        "**Offline** (capacity): output tokens/s per accelerator, the model's best "
+        "configuration (`perfmodel.mlperf`) against the previous rules (plain TP, assumed "
+        f"input lengths). Rows: {before['all']['n']} ({after['all']['n']} predicted"
+        + (", not predicted: " + ", ".join(f"{v} {k}" for k, v in
+                                           summary["offline_unpredicted"].items())
+           if summary["offline_unpredicted"] else "") + ").",
+        "",
+        "| model | rows | median ratio before | median ratio after | median error before "
+        "| median error after |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for m, b in before["by_model"].items():
+        a = after["by_model"].get(m, {"n": 0, "median_ratio": float("nan"),
+                                      "median_abs_error": float("nan")})
+        lines.append(f"| {m} | {b['n']} | {b['median_ratio']:.2f} | {a['median_ratio']:.2f} | "
+                     f"{_pct(b['median_abs_error'])} | {_pct(a['median_abs_error'])} |")
+    lines.append(f"| **all** | {before['all']['n']} | {before['all']['median_ratio']:.2f} | "
+                 f"{after['all']['median_ratio']:.2f} | "
+                 f"{_pct(before['all']['median_abs_error'])} | "
+                 f"{_pct(after['all']['median_abs_error'])} |")
+    lines += ["", "**Server / Interactive capacity** (the highest Poisson rate meeting the "
+              "row's p99 TTFT/TPOT limits, steady-state approximation, against the submitted "
+              "result; a capacity test, unlike the at-target throughput below):", "",
+              "| scenario | model | rows | median ratio | median error |",
+              "| --- | --- | ---: | ---: | ---: |"]
+    for s, summ in summary["server_capacity"].items():
+        for m, v in summ["by_model"].items():
+            lines.append(f"| {s} | {m} | {v['n']} | {v['median_ratio']:.2f} | "
+                         f"{_pct(v['median_abs_error'])} |")
+        lines.append(f"| **{s}** | | {summ['all']['n']} | {summ['all']['median_ratio']:.2f} | "
+                     f"{_pct(summ['all']['median_abs_error'])} |")
+    sat = summary["server_capacity_target_saturated"]["all"]
+    lines += ["", f"Of these, {sat['n']} rows have a `target_qps` above the predicted capacity "
+              f"(`pred_target_saturated`): median ratio {sat['median_ratio']:.2f}, median "
+              f"error {_pct(sat['median_abs_error'])}."]
+    echo = summary["server_echo_before"]["all"]
+    lat, lat0 = summary["latency_at_target"], summary["latency_at_target_before"]
+    lines += ["", f"**Echo rows** (throughput at the row's own `target_qps`, the previous "
+              f"check): median error {_pct(echo['median_abs_error'])} over {echo['n']} rows; it "
+              "is the offered load wherever the model keeps up, so it is not a capacity test "
+              "and is not mixed into the figures above. Latencies at the target QPS, median "
+              "|error| before -> after (searched configuration, data-set lengths): "
+              + ", ".join(f"{k} {_pct(lat0[k])} -> {_pct(lat[k])}" for k in lat) + ".",
+              "", "Skipped Server/Interactive rows: "
+              + ", ".join(f"{v} {k}" for k, v in sorted(skipped.items())) + "."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

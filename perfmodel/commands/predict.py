@@ -3,7 +3,13 @@
 IN has the columns of `benchmarks_inferencemax.csv` (model, hardware, framework, precision,
 spec_decoding, disagg, isl, osl, conc, tp, ep, dp_attention and, for disaggregated rows,
 the prefill_/decode_ layout columns; measured columns may be missing) or those of
-`power_measurements.csv` (handed to `perfmodel.calibration_power.predict_power_rows`).
+`power_measurements.csv` (handed to `perfmodel.calibration_power.predict_power_rows`) or
+those of `benchmarks_mlperf.csv` (MLPerf Inference results, handed to
+`perfmodel.mlperf.predict_rows`: each scenario's own metric, `pred_result_per_accelerator`
+in tokens/s per accelerator - Offline's best throughput, Server/Interactive's highest
+Poisson rate meeting the row's p99 TTFT/TPOT limits - and the latencies at the row's
+`target_qps`, `pred_p50_ttft_ms`, `pred_p99_ttft_ms`, `pred_p50_tpot_ms`,
+`pred_p99_tpot_ms`, with `pred_config`, `pred_basis` and `pred_error`).
 OUT repeats every input row and adds the `pred_*` columns (`Metrics.to_row("pred_")`
 names: `pred_tput_per_chip_total`, `pred_ttft_s`, `pred_power_w_modelled`, ...),
 `pred_model` and `pred_chip` (the presets the row's names resolved to), `pred_basis` (which
@@ -62,6 +68,14 @@ def predict_file(path: str, interval: float | None = None) -> tuple[list[str], l
     """
     table = read_table(path)
     columns = list(table.columns)
+    from ..mlperf import COLUMNS as MLPERF_COLUMNS
+    from ..mlperf import is_mlperf_table
+    if is_mlperf_table(columns):
+        from ..mlperf import predict_rows as predict_mlperf
+        out = [dict(raw, **pred, pred_fit=_fit()) for raw, pred in
+               zip(table.rows, predict_mlperf([dict(r) for r in table.rows]), strict=True)]
+        extra = [k for k in MLPERF_COLUMNS if k not in columns]
+        return columns + extra + ["pred_fit"], out
     if all(c in columns for c in POWER_COLUMNS) and "conc" not in columns:
         from ..calibration_power import predict_power_rows
         out = [dict(row, pred_fit=_fit()) for row in
@@ -72,7 +86,7 @@ def predict_file(path: str, interval: float | None = None) -> tuple[list[str], l
     if missing:
         raise DataError(f"{path}, line 1: missing column(s) {', '.join(map(repr, missing))}; "
                         "expected the columns of benchmarks_inferencemax.csv or of "
-                        "power_measurements.csv")
+                        "power_measurements.csv or of benchmarks_mlperf.csv")
     rows = load_benchmarks(path)
     predictions = predict_rows(rows, interval=interval)
     keys = PREDICTION_KEYS + (() if interval is None else tuple(
@@ -166,7 +180,8 @@ def run(args) -> int:
         if handle is not sys.stdout:
             handle.close()
     if args.out != "-":
-        key = "pred_tput_per_chip_total" if "pred_tput_per_chip_total" in columns else columns[-1]
+        key = next((k for k in ("pred_tput_per_chip_total", "pred_result_per_accelerator")
+                    if k in columns), columns[-1])
         failed = sum(1 for r in rows if r.get(key) in ("", None))
         print(f"predicted {len(rows) - failed} of {len(rows)} rows -> {args.out}",
               file=sys.stderr)
