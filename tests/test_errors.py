@@ -116,6 +116,7 @@ bad_values = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=15)
 @given(data=st.data(), field=st.sampled_from(sorted(INVALID)), jitted=st.booleans())
 def test_invalid_values_raise_equinox_runtime_error(data, field, jitted):

@@ -44,6 +44,7 @@ def test_predict_jit_matches_eager(name):
     assert set(eager.to_row("pred_")) == {"pred_" + k for k in COLUMNS.values()}
 
 
+@pytest.mark.slow
 def test_predict_open_loop_jit_matches_eager():
     """Open-loop arrivals run a fixed-point loop (lax.fori_loop) inside predict."""
     model, chip, _, design = case("dense")

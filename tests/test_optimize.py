@@ -201,6 +201,7 @@ def test_scenarios_match_exhaustive(groups):
     assert 2 <= infeasible <= 4
 
 
+@pytest.mark.slow
 def test_gradient_phase_shortens_the_local_search(groups):
     """The relaxed optimum rounds to a start nearer the grid's optimum than an uninformed
     start does: with the Adam phase, hardening needs clearly fewer exact evaluations (the

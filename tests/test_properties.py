@@ -104,6 +104,7 @@ def test_more_sequences_or_context_never_speed_a_step(name, more, seqs, context,
 
 
 @settings(max_examples=20)
+@pytest.mark.slow
 @given(name=st.sampled_from(["dense", "moe", "mtp", "pipeline", "disagg"]),
        low=st.floats(1.0, 8192.0), factor=st.floats(1.0, 8.0))
 def test_tpot_never_falls_as_concurrency_grows(name, low, factor):

@@ -118,6 +118,7 @@ def poisson_run():
                                           max_steps=5000)
 
 
+@pytest.mark.slow
 def test_littles_law_and_every_request_accounted(poisson_run):
     requests, policy, result = poisson_run
     s = sim.summarize(result)
@@ -162,6 +163,7 @@ def test_vmap_over_policies(poisson_run):
     assert float(both.queue_delay.mean[0]) > 3 * float(both.queue_delay.mean[1])
 
 
+@pytest.mark.slow
 def test_preemption_when_kv_is_tiny():
     # 8 requests of 200 + 200 tokens at once in 60 blocks (960 tokens): decodes outgrow the
     # cache, the newest are preempted by recompute, and all still finish.
@@ -380,6 +382,7 @@ def test_window_matches_the_full_simulation(poisson_run):
     assert bool(narrow.window_overflow)
 
 
+@pytest.mark.slow
 def test_replicas_are_round_robin_instances():
     """Two data-parallel replicas: request i runs on instance i mod 2, each exactly as a
     one-instance simulation of its share; totals combine (chips add up, energy per chip
@@ -464,6 +467,7 @@ def test_windows_match_the_reference_implementation(monkeypatch):
     assert not np.allclose(np.asarray(narrow.finish), reference[name]["finish"])
 
 
+@pytest.mark.slow
 def test_guaranteed_no_evict_never_preempts():
     # 8 requests of 200 + 200 tokens at once in 960 KV tokens: vLLM admits on the prompt
     # and preempts as decodes grow; TensorRT-LLM's GUARANTEED_NO_EVICT admits only what can
@@ -487,6 +491,7 @@ def test_guaranteed_no_evict_never_preempts():
                                           max_steps=20_000)).preemptions) > 0
 
 
+@pytest.mark.slow
 def test_sglang_prefills_alone_unless_mixed_chunk():
     requests = sim.poisson(jax.random.PRNGKey(2), 12.0, 48, 512, 64)
     runs = {}
@@ -502,6 +507,7 @@ def test_sglang_prefills_alone_unless_mixed_chunk():
         sim.summarize(runs["mixed"]).tpot.p99)
 
 
+@pytest.mark.slow
 def test_batch_wait_delays_admission():
     # Requests 10 s apart, 500-token prompts under a 2048-token budget: each waits the whole
     # timeout (its step would carry too few tokens), then runs as it would have.
@@ -540,6 +546,7 @@ def test_engine_defaults():
             bad()
 
 
+@pytest.mark.slow
 def test_cached_prefix_costs_only_the_rest_of_the_prompt():
     # Requests 10 s apart, 90 % of each 2000-token prompt cached: the TTFT is one step
     # prefilling the last 200 tokens attending to the whole prompt, not the full prefill.
@@ -600,6 +607,7 @@ def test_agent_sessions_chain_their_calls():
                      cached_len=[1, 2, 3])
 
 
+@pytest.mark.slow
 def test_agent_sessions_window_and_replicas_agree():
     # The window slices the cached prefixes with the rest; two replicas each serving one
     # session (round robin keeps a session on one instance) equal one engine per session.

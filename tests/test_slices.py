@@ -60,6 +60,7 @@ def test_partitioned_kv_idles_slices_at_low_batch():
     assert tpot["partitioned"] > tpot["interleaved"]
 
 
+@pytest.mark.slow
 def test_slow_fabric_moves_state_to_local_slices():
     """With a slow slice fabric (1/16 of HBM bandwidth), the optimizer moves KV and weights off
     the interleaved placement (partitioned-local; replicated weights do not fit DeepSeek-R1)

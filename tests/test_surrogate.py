@@ -53,6 +53,7 @@ def sweep(capacity):
     return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *estimates)
 
 
+@pytest.mark.slow
 def test_low_load_ttft_is_the_prefill_of_one_request():
     # Requests far apart: the TTFT is one prefill step of the whole prompt, costed by the
     # core model as the simulator costs it; the simulator agrees on the same requests.
@@ -69,6 +70,7 @@ def test_low_load_ttft_is_the_prefill_of_one_request():
     np.testing.assert_allclose(e.ttft.p50, np.asarray(result.ttft), rtol=0.02)
 
 
+@pytest.mark.slow
 def test_percentiles_are_ordered_and_finite(sweep):
     for stats in (sweep.ttft, sweep.tpot):
         q = np.stack([stats.p50, stats.p90, stats.p95, stats.p99])
@@ -153,6 +155,7 @@ def test_invalid_input_raises():
         surrogate.estimate(MODEL, CHIP, three, sim.Policy(), _load(1.0))
 
 
+@pytest.mark.slow
 def test_agrees_with_the_simulator_at_moderate_load(capacity):
     # 600 Poisson requests at 60 % of capacity (64 seats). Tolerances from the check
     # (calibration/surrogate_check.py): its worst p99 errors in the 50-70 % band.

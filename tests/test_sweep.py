@@ -137,6 +137,7 @@ def test_sweep_keeps_only_points_that_fit(small):
         assert top == pytest.approx(min(np.floor(v["max_batch"][mine][0]), 4096.0))
 
 
+@pytest.mark.slow
 def test_front_rises_in_throughput_and_falls_in_interactivity(small):
     rows = small.rows()
     tput = [r["tput_per_chip_total"] for r in rows]
@@ -165,6 +166,7 @@ def test_replicas_are_evaluated_exactly(small):
         assert small.values[key][index] == pytest.approx(float(value), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_sweep_jit_and_eager_agree():
     kwargs = dict(chips=2, grid=(1.0, 16.0, 256.0))
     eager = sw.sweep("llama-3.1-8b", "h100", pm.Workload(1024, 256), **kwargs)

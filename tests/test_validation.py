@@ -189,6 +189,7 @@ def invalid(draw):
     return name, build, field, value
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, deadline=None, derandomize=True)
 @given(invalid())
 def test_fuzz_invalid_values_are_refused(case):
