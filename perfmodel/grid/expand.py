@@ -198,7 +198,7 @@ def expand(spec: SweepSpec) -> Grid:
         ...     "chip_counts": [1, 2], "isl": 1024, "osl": 1024, "concurrency": [1, 8]}})
         >>> grid = expand(spec)
         >>> len(grid.groups), grid.size
-        (1, 6)
+        (1, 8)
     """
     models = [find_model(name) for name in spec.models]
     chips = [get_chip(name) for name in spec.chips]

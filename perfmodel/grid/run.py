@@ -52,7 +52,7 @@ def chunk_size(available: float | None = None, devices: int = 1) -> int:
         devices: chunks evaluated at once, one per device.
 
     Example:
-        >>> chunk_size(16e9), chunk_size(16e9, devices=8), chunk_size(64e6)
+        >>> chunk_size(32e9), chunk_size(32e9, devices=8), chunk_size(64e6)
         (65536, 65536, 1024)
     """
     if available is None:
