@@ -88,14 +88,19 @@ def csv_text(table: dict) -> str:
     for values in table.values():
         values = np.asarray(values)
         if values.dtype == bool:
-            text = np.where(values, "true", "false")
+            text = np.where(values, "true", "false").tolist()
         elif values.dtype.kind in "iu":
-            text = values.astype(str)
+            text = list(map(str, values.tolist()))
         elif values.dtype.kind == "f":
-            text = np.where(np.isnan(values), "", values.astype(str))
+            # float.__repr__ is the shortest round-trip form (NumPy's str gives the same).
+            text = list(map(float.__repr__, values.astype(float).tolist()))
+            for i in np.flatnonzero(np.isnan(values)).tolist():
+                text[i] = ""
         else:
-            text = np.asarray([_csv_field(str(v)) for v in values], dtype=object)
-        columns.append(text.tolist())
+            escaped: dict = {}
+            text = [escaped[v] if v in escaped else escaped.setdefault(v, _csv_field(str(v)))
+                    for v in values.tolist()]
+        columns.append(text)
     if not columns or not columns[0]:
         return ""
     return "\n".join(map(",".join, zip(*columns, strict=True))) + "\n"
