@@ -315,3 +315,22 @@ def test_two_processes_through_jax_distributed(tmp_path, reference):
     assert "merged from 2 parts" in results[0][0]
     assert os.path.exists(str(tmp_path / "two.part1-of-2.csv"))
     assert read_rows(out) == read_rows(reference[0])
+
+
+def test_a_signal_during_a_commit_waits_for_it():
+    import signal
+
+    from perfmodel.grid.run import _Signals
+
+    done = []
+    with _Signals() as signals:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with signals.commit():
+                os.kill(os.getpid(), signal.SIGTERM)
+                done.append("committed")   # the handler ran, the commit went on
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):   # outside a commit it interrupts at once
+                pass
+    assert done == ["committed"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

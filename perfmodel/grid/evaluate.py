@@ -100,8 +100,8 @@ def evaluate(grid: Grid, chunks: list[Chunk], placement: Placement, size: int,
 
     Each chunk is padded to `size` points (copies of its last point) and runs on one
     device: XLA's reductions sum in an order that depends on the array's length, so a
-    point's value depends on the block it is computed in; blocks of the same `size`, one
-    per device, make the rows the same on any number of devices.
+    point's value depends on the length of the block it is computed in; blocks of the same
+    `size`, one per device, keep that length on any number of devices.
 
     Args:
         grid: the expanded grid.

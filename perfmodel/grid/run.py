@@ -134,7 +134,8 @@ class _Signals:
         finally:
             self.committing = False
         if self.pending is not None:
-            raise KeyboardInterrupt(signal.Signals(self.pending).name)
+            signum, self.pending = self.pending, None
+            raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _table(grid: Grid, group_index: int, values: dict) -> dict:

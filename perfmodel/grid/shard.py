@@ -4,9 +4,11 @@ Within a process, a step evaluates one chunk per local device: the chunks, each 
 the chunk size, are stacked along the grid axis of a 1-D `jax.sharding.Mesh` of the local
 devices (axis ``"grid"``, `NamedSharding` with `PartitionSpec("grid")`, so the step's
 length is a multiple of the device count) and each device runs the one-device kernel on
-its block (`Placement.map`, `jax.shard_map`). A point is then computed by the same program
-at the same place of a block of the same length on any number of devices, and the sharded
-rows equal the one-device rows bit for bit.
+its block (`Placement.map`, `jax.shard_map`). A point is then computed by the same kernel at
+the same place of a block of the same length on any number of devices. The rows agree with
+the one-device rows in every input, feasibility and reason, and in the metrics to the last
+bits: XLA fuses the multi-device program a little differently, and a few values differ by
+an ulp or two (README "Sweeps").
 
 Over several processes (`jax.distributed.initialize`, one per host or per accelerator
 group), process p of n takes the chunks whose index is p modulo n and writes its own part
@@ -52,17 +54,15 @@ class Placement:
         """`kernel(points, specs)` with `points` split over the devices and `specs` (a
         pytree of model, chip and design specs) on each of them.
 
-        Each device runs the one-device program on its share (`jax.shard_map`), which is
-        what makes the sharded rows equal the one-device rows bit for bit: letting the
-        partitioner split the whole computation instead reorders floating-point operations
-        (results then differ in the last place).
+        Each device runs the one-device kernel on its share (`jax.shard_map`), with no
+        collective: the points are independent.
         """
         arrays, static = eqx.partition(specs, eqx.is_array)
 
         def local(points, arrays):
             return kernel(points, eqx.combine(arrays, static))
 
-        return jax.shard_map(local, mesh=self.mesh, in_specs=(PartitionSpec(AXIS),
+        return _shard_map()(local, mesh=self.mesh, in_specs=(PartitionSpec(AXIS),
                                                                PartitionSpec()),
                              out_specs=PartitionSpec(AXIS))(points, arrays)
 
@@ -73,6 +73,15 @@ class Placement:
             return arrays
         sharding = self.sharding
         return {k: jax.device_put(v, sharding) for k, v in arrays.items()}
+
+
+def _shard_map():
+    """`jax.shard_map` (`jax.experimental.shard_map` before JAX 0.6)."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map
+    from jax.experimental.shard_map import shard_map
+
+    return shard_map
 
 
 def placement(devices: int | None = None) -> Placement:
