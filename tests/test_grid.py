@@ -85,6 +85,8 @@ def test_example_spec_is_the_issue_form():
     ({"metrics": ["speed"]}, "unknown metric 'speed'"),
     ({"layouts": ["tp8-xx4"]}, "cannot read 'xx4'"),
     ({"emulate": "yes"}, "sweep.emulate must be true or false"),
+    ({"runtime": {"speed": 2}}, "sweep.runtime.speed: unknown field"),
+    ({"runtime": {"max_running": "many"}}, "sweep.runtime.max_running must be a number"),
 ])
 def test_bad_specs_name_the_key(table, match):
     with pytest.raises(ValueError, match=match):
@@ -334,3 +336,23 @@ def test_a_signal_during_a_commit_waits_for_it():
                 pass
     assert done == ["committed"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_runtime_settings_reach_the_kernel(tmp_path, reference):
+    with pytest.raises(ValueError, match="sweep.runtime: Runtime.memory_fraction"):
+        expand(small(runtime={"memory_fraction": 1.5}))
+    path = str(tmp_path / "capped.csv")
+    run_sweep(small(engine={"max_running": 2}), path, size=SMALL_CHUNK, progress=False)
+    base, capped = read_csv(reference[0]), read_csv(path)
+    assert [r["concurrency"] for r in base] == [r["concurrency"] for r in capped]
+    # Two sequences at a time per replica: less throughput wherever more were running.
+    pairs = [(float(a["tput_per_chip_total"]), float(b["tput_per_chip_total"]))
+             for a, b in zip(base, capped, strict=True)
+             if a["tput_per_chip_total"] and b["tput_per_chip_total"]
+             and float(a["concurrency"]) > 8]
+    assert pairs and all(b < a for a, b in pairs)
+    assert all(r["reason"].startswith("queues") for r in capped
+               if float(r["concurrency"]) > 2 * float(r["chips"]) and r["feasible"] == "false"
+               and r["tput_per_chip_total"])
+    assert not any(r["feasible"] == "true" and float(r["concurrency"]) > 2 * int(r["chips"])
+                   for r in capped)

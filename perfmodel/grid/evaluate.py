@@ -11,8 +11,8 @@ Feasibility of a point, first reason that applies:
    layout;
 2. ISL + OSL longer than the model's maximum context (unless `allow_long_context`);
 3. the weights, reserve and one sequence of KV do not fit in a chip's memory (`fits`);
-4. more requests per replica than the batch that fits (they queue; the Pareto sweep drops
-   these points too);
+4. more requests per replica than the batch that fits or the runtime's `max_running`
+   (they queue; the Pareto sweep drops these points too);
 5. a metric that is not finite.
 Metrics of points failing 1-3 are NaN (empty in the file); the queued points of 4 keep the
 model's prediction with the requests queueing.
@@ -27,7 +27,6 @@ import numpy as np
 
 from ..design import Design, LayoutNumbers, SliceMapping, SpecDecode
 from ..serving import FIT_FIELDS, predict
-from ..sweep import default_runtime
 from ..workload import Workload
 from .expand import Chunk, Grid, Group
 from .shard import Placement
@@ -38,7 +37,7 @@ _ALWAYS = ("fits", "max_batch")
 #: Reasons of the per-point checks (the cell's own reasons come from `expand`).
 TOO_LONG = "isl + osl exceed the model's maximum context"
 NO_FIT = "does not fit in memory (weights + reserve + one sequence of KV)"
-QUEUES = "queues: concurrency per replica exceeds the batch that fits"
+QUEUES = "queues: concurrency per replica exceeds the batch that fits (or runtime.max_running)"
 NOT_FINITE = "non-finite prediction"
 
 
@@ -131,8 +130,7 @@ def evaluate(grid: Grid, chunks: list[Chunk], placement: Placement, size: int,
                        for k, v in inputs.items()})
     blocks += [blocks[-1]] * (placement.count - len(blocks))
     padded = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
-    runtime = default_runtime(group.chip)
-    specs = (group.model, group.chip, runtime, stack(group))
+    specs = (group.model, group.chip, group.runtime, stack(group))
     out = _placed_jit(placement.put(padded), specs, wanted, placement)
     out = {k: np.asarray(v) for k, v in out.items()}
     results = []
@@ -151,7 +149,8 @@ def _finish(grid, group, pts, inputs, values, columns) -> dict:
     if limit and not grid.spec.allow_long_context:
         checks.append((pts["isl"] + pts["osl"] > limit, TOO_LONG))
     checks.append((~values["fits"].astype(bool), NO_FIT))
-    checks.append((pts["concurrency"] / inputs["replicas"] > values["max_batch"], QUEUES))
+    running = np.minimum(values["max_batch"], float(group.runtime.max_running))
+    checks.append((pts["concurrency"] / inputs["replicas"] > running, QUEUES))
     finite = np.all([np.isfinite(values[k].astype(float)) for k in columns], axis=0)
     checks.append((~finite, NOT_FINITE))
     for bad, text in checks:

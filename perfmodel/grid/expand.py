@@ -19,11 +19,11 @@ import dataclasses
 import numpy as np
 
 from ..architecture import Model
-from ..design import Layout, Precision, precision
+from ..design import Layout, Precision, Runtime, precision
 from ..hardware import Chip
 from ..presets import find_model, get_chip
 from ..serving import check_layout
-from ..sweep import _shapes, default_precision
+from ..sweep import _shapes, default_precision, default_runtime
 from .spec import SweepSpec
 
 
@@ -56,6 +56,8 @@ class Group:
 
     Attributes:
         model, chip: resolved specs.
+        runtime: the chip's serving runtime (`sweep.default_runtime` with the spec's
+            `runtime` settings).
         precisions: the `Precision`s of the group's cells (at least one: a group whose
             formats all fail keeps the chip's default, so its kernel has one to run).
         cells: in grid order.
@@ -64,6 +66,7 @@ class Group:
 
     model: Model
     chip: Chip
+    runtime: Runtime
     precisions: tuple[Precision, ...]
     cells: tuple[Cell, ...]
     start: int
@@ -141,8 +144,12 @@ def _group(model: Model, chip: Chip, spec: SweepSpec, start: int) -> Group:
                 cells.append(Cell(chips=chips, layout=layout.describe(), degrees=degrees,
                                   precision=name, precision_index=i,
                                   reason=prec_reason or layout_reason))
-    return Group(model=model, chip=chip, precisions=tuple(precisions), cells=tuple(cells),
-                 start=start)
+    try:
+        runtime = dataclasses.replace(default_runtime(chip), **dict(spec.runtime))
+    except ValueError as error:
+        raise ValueError(f"sweep.runtime: {error}") from None
+    return Group(model=model, chip=chip, runtime=runtime, precisions=tuple(precisions),
+                 cells=tuple(cells), start=start)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -10,14 +10,16 @@
     layouts = "all"            # or a list such as ["tp8-ep8", "4xtp2-dpa"]
     precision = "default"      # or a list of weight formats such as ["fp4", "fp8"]
     metrics = ["tput_per_chip", "interactivity", "ttft_s", "tpot_s", "power_w"]
+    runtime = { step_overhead = 0.002, max_running = 256 }   # optional engine settings
 
 Every numeric axis (`chip_counts`, `isl`, `osl`, `concurrency`) is a number, a list, or a
 range table `{start, stop, num, scale}` (`scale` "linear" or "log", both ends included;
 `chip_counts`, `isl` and `osl` are rounded to whole numbers). Key aliases: `model`, `chip`,
 `chip_count`/`num_chips`, `input_len`, `output_len`, `concurrencies`, `layout`, `formats`/
-`precisions`, `metric`. Metric names are `serving.COLUMNS` names or `Metrics` fields, with
-the short forms of `METRIC_ALIASES`. Names of models and chips go through
-`presets.find_model` and `presets.get_chip` when the grid is expanded (`expand.cells`).
+`precisions`, `metric`, `engine` (for `runtime`). Metric names are `serving.COLUMNS` names or
+`Metrics` fields, with the short forms of `METRIC_ALIASES`. Names of models and chips go
+through `presets.find_model` and `presets.get_chip` when the grid is expanded
+(`expand.expand`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import sys
 
 import numpy as np
 
-from ..design import Layout
+from ..design import Layout, Runtime
 from ..serving import COLUMNS
 
 #: Short metric names the issue's spec uses, and the `serving.COLUMNS` names they stand for.
@@ -45,7 +47,8 @@ DEFAULT_METRICS = ("tput_per_chip_total", "interactivity", "ttft_s", "tpot_s", "
 KEYS = {"models": ("model",), "chips": ("chip",), "chip_counts": ("chip_count", "num_chips"),
         "isl": ("input_len",), "osl": ("output_len",), "concurrency": ("concurrencies",),
         "layouts": ("layout",), "precision": ("precisions", "formats"),
-        "metrics": ("metric",), "emulate": (), "allow_long_context": ()}
+        "metrics": ("metric",), "emulate": (), "allow_long_context": (),
+        "runtime": ("engine",)}
 
 #: Largest number of values a range table may ask for on one axis.
 MAX_AXIS = 10_000_000
@@ -68,6 +71,9 @@ class SweepSpec:
             without it such points are infeasible.
         allow_long_context: model requests longer than a model's maximum context; without
             it such points are infeasible.
+        runtime: (field, value) pairs replacing numbers of each chip's serving runtime
+            (`sweep.default_runtime`, a `design.Runtime`: step_overhead in s,
+            memory_fraction, max_running, ...), in the units of those fields.
     """
 
     models: tuple[str, ...]
@@ -81,6 +87,7 @@ class SweepSpec:
     metrics: tuple[str, ...] = DEFAULT_METRICS
     emulate: bool = False
     allow_long_context: bool = False
+    runtime: tuple[tuple[str, float], ...] = ()
 
     def digest(self) -> str:
         """A hash of everything that decides the rows (what `--resume` checks)."""
@@ -162,6 +169,29 @@ def metric_names(value) -> tuple[str, ...]:
     return tuple(out)
 
 
+def runtime_settings(value) -> tuple[tuple[str, float], ...]:
+    """The `[sweep.runtime]` table as sorted (field, value) pairs of `design.Runtime`'s
+    numeric fields (one value each; their ranges are checked when the grid is expanded).
+
+    Example:
+        >>> runtime_settings({"step_overhead": 0.002, "max_running": 256})
+        (('max_running', 256.0), ('step_overhead', 0.002))
+    """
+    fields = [f.name for f in dataclasses.fields(Runtime) if f.name != "framework"]
+    if not isinstance(value, dict):
+        raise ValueError(f"sweep.runtime must be a table of Runtime fields ({', '.join(fields)})"
+                         f", got {value!r}")
+    out = []
+    for name, number in value.items():
+        if name not in fields:
+            raise ValueError(f"sweep.runtime.{name}: unknown field; valid fields: "
+                             f"{', '.join(fields)}")
+        if not isinstance(number, (int, float)) or isinstance(number, bool):
+            raise ValueError(f"sweep.runtime.{name} must be a number, got {number!r}")
+        out.append((name, float(number)))
+    return tuple(sorted(out))
+
+
 def _choice(value, key: str, default: str) -> str | tuple[str, ...]:
     if isinstance(value, str) and value.strip().lower() == default:
         return default
@@ -199,6 +229,7 @@ def from_dict(data: dict) -> SweepSpec:
         if not isinstance(found.get(key, False), bool):
             raise ValueError(f"sweep.{key} must be true or false, got {found[key]!r}")
     return SweepSpec(
+        runtime=runtime_settings(found.get("runtime", {})),
         models=_names(found["models"], "models"), chips=_names(found["chips"], "chips"),
         chip_counts=tuple(int(c) for c in axis(found["chip_counts"], "chip_counts",
                                                 integer=True, low=1)),
