@@ -20,6 +20,8 @@ model's prediction with the requests queueing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -93,9 +95,29 @@ def _inputs(grid: Grid, group: Group, chunk: Chunk):
     return pts, inputs
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pending:
+    """A step whose kernel was dispatched (`launch`) and whose results `finish` collects."""
+
+    grid: Grid
+    group: Group
+    parts: list
+    out: dict
+    columns: tuple
+    size: int
+
+
 def evaluate(grid: Grid, chunks: list[Chunk], placement: Placement, size: int,
              columns: tuple[str, ...] | None = None) -> list[dict]:
-    """Every point of `chunks`: its inputs, metric columns, `feasible` and `reason`.
+    """`finish(launch(...))`: the results of one step, waiting for them."""
+    return finish(launch(grid, chunks, placement, size, columns))
+
+
+def launch(grid: Grid, chunks: list[Chunk], placement: Placement, size: int,
+           columns: tuple[str, ...] | None = None) -> Pending:
+    """Dispatch the kernel of one step without waiting for it (JAX runs it asynchronously,
+    so the previous step's rows can be written meanwhile); `finish` returns, for each
+    chunk, every point's inputs, metric columns, `feasible` and `reason`.
 
     Each chunk is padded to `size` points (copies of its last point) and runs on one
     device: XLA's reductions sum in an order that depends on the array's length, so a
@@ -110,9 +132,9 @@ def evaluate(grid: Grid, chunks: list[Chunk], placement: Placement, size: int,
         columns: metric columns (default: the spec's metrics).
 
     Returns:
-        For each chunk, {column: array} of its points: `cell` (index into the group's
-        cells), `isl`, `osl`, `concurrency`, each metric, `feasible` (bool) and `reason`
-        (object array of str).
+        A `Pending`; `finish` gives, for each chunk, {column: array} of its points:
+        `cell` (index into the group's cells), `isl`, `osl`, `concurrency`, each metric,
+        `feasible` (bool) and `reason` (object array of str).
     """
     if not 1 <= len(chunks) <= placement.count or len({c.group for c in chunks}) != 1:
         raise ValueError(f"evaluate takes 1 to {placement.count} chunks of one group, got "
@@ -132,7 +154,14 @@ def evaluate(grid: Grid, chunks: list[Chunk], placement: Placement, size: int,
     padded = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
     specs = (group.model, group.chip, group.runtime, stack(group))
     out = _placed_jit(placement.put(padded), specs, wanted, placement)
-    out = {k: np.asarray(v) for k, v in out.items()}
+    return Pending(grid, group, parts, out, columns, size)
+
+
+def finish(pending: Pending) -> list[dict]:
+    """The results of a `launch`ed step (waits for its kernel)."""
+    grid, group, parts, columns, size = (pending.grid, pending.group, pending.parts,
+                                         pending.columns, pending.size)
+    out = {k: np.asarray(v) for k, v in pending.out.items()}
     results = []
     for i, (pts, inputs) in enumerate(parts):
         n = len(inputs["isl"])

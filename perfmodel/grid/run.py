@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from ..progress import bar
-from .evaluate import evaluate
+from .evaluate import finish, launch
 from .expand import Grid, chunks, expand
 from .shard import part_path, placement, share
 from .spec import SweepSpec
@@ -210,18 +210,23 @@ def run_sweep(spec: SweepSpec | Grid, out: str, *, resume: bool = False,
     try:
         with _Signals() as signals, bar(sum(c.stop - c.start for c in todo), label,
                                         progress, unit="pt") as shown:
-            for step in _steps(todo, place.count):
-                results = evaluate(grid, step, place, size)
-                for chunk, values in zip(step, results, strict=True):
-                    with signals.commit():
-                        store.append(following[chunk.index],
-                                     _table(grid, chunk.group, values))
-                    feasible += int(values["feasible"].sum())
-                    done += 1
-                    computed += chunk.stop - chunk.start
-                    shown.update(chunk.stop - chunk.start)
-                    if after_chunk is not None:
-                        after_chunk(chunk.index)
+            # One step ahead: the next kernel runs while this step's rows are written.
+            pending = None
+            for step in [*_steps(todo, place.count), None]:
+                ahead = launch(grid, step, place, size) if step is not None else None
+                if pending is not None:
+                    for chunk, values in zip(pending.chunks, finish(pending.launched),
+                                             strict=True):
+                        with signals.commit():
+                            store.append(following[chunk.index],
+                                         _table(grid, chunk.group, values))
+                        feasible += int(values["feasible"].sum())
+                        done += 1
+                        computed += chunk.stop - chunk.start
+                        shown.update(chunk.stop - chunk.start)
+                        if after_chunk is not None:
+                            after_chunk(chunk.index)
+                pending = _Step(step, ahead) if step is not None else None
         complete = True
     finally:
         store.close(complete)
@@ -232,6 +237,12 @@ def run_sweep(spec: SweepSpec | Grid, out: str, *, resume: bool = False,
                    feasible=feasible,
                    chunks=done, complete=complete,
                    seconds=time.perf_counter() - start_time, merged=merged)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    chunks: list
+    launched: object
 
 
 def _steps(todo, count: int):
