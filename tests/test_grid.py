@@ -356,3 +356,20 @@ def test_runtime_settings_reach_the_kernel(tmp_path, reference):
                and r["tput_per_chip_total"])
     assert not any(r["feasible"] == "true" and float(r["concurrency"]) > 2 * int(r["chips"])
                    for r in capped)
+
+
+def test_one_trace_per_model_and_chip(tmp_path, monkeypatch):
+    calls = []
+    real = grid_evaluate.predict
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grid_evaluate, "predict", counted)
+    # A chunk size no other test uses: the kernel is traced afresh, once for every chunk,
+    # layout, format and length of the group.
+    spec = small()
+    summary = run_sweep(spec, str(tmp_path / "x.csv"), size=24, progress=False)
+    assert summary.chunks > 3 and len({c.layout for c in expand(spec).groups[0].cells}) > 2
+    assert len(calls) == 1

@@ -49,22 +49,16 @@ def _kernel(points, model, chip, runtime, precisions, columns):
         layout = LayoutNumbers(tp=p["tp"], ep=p["ep"], pp=p["pp"], replicas=p["replicas"],
                                dp_attention=p["dpa"])
         # Fresh defaults: class-level ones were built at import, before x64 may have been on.
-        design = Design(concurrency=1.0, layout=LayoutNumbers(1, 1, 1, 1, False),
-                        precision=precisions_first(precisions), runtime=runtime,
+        # The concurrency goes in after construction: `Design` checks a concrete one.
+        design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime,
                         mapping=SliceMapping(), speculative=SpecDecode())
-        design = eqx.tree_at(lambda d: (d.concurrency, d.layout, d.precision), design,
-                             (p["concurrency"], layout, prec))
+        design = eqx.tree_at(lambda d: d.concurrency, design, p["concurrency"])
         workload = Workload(p["isl"], p["osl"])
         row = predict(model, chip, workload, design, hard=True, check=False,
                       unfit="value").to_row()
         return {key: row[key] for key in columns}
 
     return jax.vmap(one)(points)
-
-
-def precisions_first(stacked):
-    """The first `Precision` of a stack (a template with the right structure)."""
-    return jax.tree.map(lambda x: x[0], stacked)
 
 
 def _placed(points, specs, columns, placement):
