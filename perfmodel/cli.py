@@ -22,7 +22,7 @@ import sys
 #: (`list` would shadow the builtin inside the package).
 _COMMANDS = {"pareto": "pareto", "compare": "compare", "predict": "predict",
              "optimize": "optimize", "simulate": "simulate", "policy": "policy",
-             "list": "catalog"}
+             "sweep": "sweep", "list": "catalog"}
 
 
 class _UsageError(Exception):
