@@ -1,0 +1,74 @@
+"""The store of traced kernels (`perfmodel.search.compile`): a kernel loaded from it gives
+the compiled kernel's outputs, a change of any static argument or of an array's shape is a
+new entry, and a torn file falls back to tracing."""
+
+import os
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from perfmodel.search import compile as kc
+
+
+class Scale(eqx.Module):
+    factor: jax.Array
+    power: int = eqx.field(static=True)
+
+
+def _kernel(m: Scale, x, offset):
+    return {"y": m.factor * x ** m.power + offset, "n": jnp.sum(x)}
+
+
+kernel = kc.search_kernel(_kernel)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    folder = tmp_path / "traced"
+    monkeypatch.setattr(kc, "traced_store", lambda: str(folder))
+    return folder
+
+
+def test_loaded_kernel_matches_and_keys_on_structure(store):
+    x = jnp.arange(4.0)
+    want = _kernel(Scale(jnp.asarray(2.0), 2), x, 1.0)
+    got = kernel(Scale(jnp.asarray(2.0), 2), x, 1.0)
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    assert len(os.listdir(store)) == 1
+    # Same structure, new array values: the same entry.
+    kernel(Scale(jnp.asarray(3.0), 2), x + 1.0, 1.0)
+    assert len(os.listdir(store)) == 1
+    # A static field, a Python scalar (static under filter_jit) and a shape are each a key.
+    np.testing.assert_array_equal(kernel(Scale(jnp.asarray(2.0), 3), x, 1.0)["y"],
+                                  2.0 * x ** 3 + 1.0)
+    np.testing.assert_array_equal(kernel(Scale(jnp.asarray(2.0), 2), x, 5.0)["y"],
+                                  2.0 * x ** 2 + 5.0)
+    kernel(Scale(jnp.asarray(2.0), 2), jnp.arange(5.0), 1.0)
+    assert len(os.listdir(store)) == 4
+
+
+def test_torn_entry_falls_back_to_tracing(store):
+    x = jnp.arange(3.0)
+    kernel(Scale(jnp.asarray(1.0), 1), x, 0.0)
+    (entry,) = os.listdir(store)
+    (store / entry).write_bytes(b"torn")
+    np.testing.assert_array_equal(kernel(Scale(jnp.asarray(1.0), 1), x, 0.0)["y"], x)
+
+
+def test_store_beside_the_compilation_cache_only(monkeypatch, tmp_path):
+    monkeypatch.delenv("PERFMODEL_TRACED_STORE", raising=False)
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert kc.traced_store() is None
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "xla"))
+        assert kc.traced_store() == str(tmp_path / "xla_traced")
+        monkeypatch.setenv("PERFMODEL_TRACED_STORE", "off")
+        assert kc.traced_store() is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
