@@ -28,7 +28,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from .architecture import Model
-from .design import Design, Layout, Precision, Runtime, SliceMapping, SpecDecode, precision
+from .compiled import filter_jit
+from .design import (
+    Design,
+    Layout,
+    LayoutNumbers,
+    Precision,
+    Runtime,
+    SliceMapping,
+    SpecDecode,
+    precision,
+)
 from .formats import COMPUTE_CLASSES
 from .hardware import Chip
 from .kvcache import max_batch
@@ -345,25 +355,34 @@ def pareto_front(throughput, interactivity) -> np.ndarray:
     return np.asarray(keep[::-1], dtype=int)
 
 
-def _evaluate(model: Model, chip: Chip, workload: Workload, design: Design, concurrency):
-    """One vmapped `predict` over a vector of concurrencies (hard max, no run-time checks:
-    the sweep filters non-finite points itself)."""
+def point_row(model: Model, chip: Chip, runtime: Runtime, prec: Precision,
+              layout: LayoutNumbers, concurrency, input_len, output_len) -> dict:
+    """`predict(...).to_row()` of one point whose layout, concurrency and lengths are numbers
+    (hard max, no run-time checks: callers filter non-finite points themselves). Every layout
+    of a model then shares one kernel, here and in `perfmodel.grid`."""
+    # Fresh defaults: class-level ones were built at import, before x64 may have been on.
+    # The concurrency goes in after construction: `Design` checks a concrete one.
+    design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime,
+                    mapping=SliceMapping(), speculative=SpecDecode())
+    design = eqx.tree_at(lambda d: d.concurrency, design, concurrency)
+    return predict(model, chip, Workload(input_len, output_len), design, hard=True,
+                   check=False, unfit="value").to_row()
 
-    def one(c):
-        d = eqx.tree_at(lambda x: x.concurrency, design, c)
-        return predict(model, chip, workload, d, hard=True, check=False, unfit="value")
 
-    return eqx.filter_vmap(one)(concurrency)
+def _evaluate(model: Model, chip: Chip, runtime: Runtime, prec: Precision, points: dict):
+    """`point_row` vmapped over `points` (arrays tp, ep, pp, dpa, concurrency, isl, osl),
+    each point one replica."""
+
+    def one(p):
+        layout = LayoutNumbers(tp=p["tp"], ep=p["ep"], pp=p["pp"],
+                               replicas=jnp.ones_like(p["tp"]), dp_attention=p["dpa"])
+        return point_row(model, chip, runtime, prec, layout, p["concurrency"], p["isl"],
+                         p["osl"])
+
+    return jax.vmap(one)(points)
 
 
-_evaluate_jit = eqx.filter_jit(_evaluate)
-
-
-def _values(metrics: Metrics, replicas: int) -> dict:
-    """`metrics.to_row()` as NumPy arrays, with the concurrency of all `replicas`."""
-    values = {k: np.asarray(v) for k, v in metrics.to_row().items()}
-    values["concurrency"] = values["concurrency"] * replicas
-    return values
+_evaluate_jit = filter_jit(_evaluate)
 
 
 def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None, *,
@@ -383,10 +402,11 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
         precision: a `Precision` or weight format name (default: `default_precision`).
         grid: concurrencies per replica (requests, positive).
         runtime: serving-runtime settings (default: `default_runtime`).
-        jit: compile each layout's vmapped predict (`eqx.filter_jit`). Compiling costs about
-            a second per layout on a CPU against about 0.15 s for the eager vmapped call, so
-            it pays only for repeated sweeps with the same layouts.
-        progress: a bar over the layouts on standard error (`perfmodel.progress`; None:
+        jit: compile the one kernel that evaluates every point of every layout (layouts as
+            numbers, `compiled.filter_jit`: with a persistent compilation cache, a later
+            process loads it without tracing); otherwise the same vmapped predict runs
+            eagerly, op by op. Compiling pays for repeated sweeps and for the command line.
+        progress: a bar over the kernel on standard error (`perfmodel.progress`; None:
             on a terminal).
 
     Returns:
@@ -422,40 +442,48 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
             need = ""
         raise ValueError(f"{model.name} ({'/'.join(prec.names)}) does not fit in {chips} "
                          f"{chip.name} chip(s) at ISL {isl:g} / OSL {osl:g}{need}")
-    evaluate = _evaluate_jit if jit else _evaluate
     context = _context(workload)
-    parts, index = [], []
-    with bar(len(layouts), f"{model.name} on {chips} x {chip.name}", progress,
-             unit="layout") as shown:
-        for i, layout in enumerate(layouts):
-            parts.append(_layout_points(model, chip, workload, prec, runtime, layout, grid,
-                                        context, evaluate))
-            index.append(np.full(len(parts[-1]["fits"]), i))
-            shown.update(1)
-    values = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    layout_index = np.concatenate(index)
+    per_replica = [_layout_grid(model, chip, prec, runtime, layout, grid, context)
+                   for layout in layouts]
+    sizes = [len(c) for c, _ in per_replica]
+    n = sum(sizes)
+    # Padded to a power of two (repeating the last point), so sweeps of similar sizes share
+    # one compiled kernel.
+    padded = max(64, 1 << (n - 1).bit_length())
+    layout_index = np.repeat(np.arange(len(layouts)), sizes)
+    take = np.minimum(np.arange(padded), n - 1)
+    conc = np.concatenate([c for c, _ in per_replica])
+    degrees = np.asarray([(lay.tp, lay.ep, lay.pp) for lay in layouts], dtype=np.int64)
+    points = {"tp": degrees[layout_index, 0], "ep": degrees[layout_index, 1],
+              "pp": degrees[layout_index, 2],
+              "dpa": np.asarray([lay.dp_attention for lay in layouts])[layout_index],
+              "concurrency": conc, "isl": np.full(n, isl), "osl": np.full(n, osl)}
+    points = {k: jnp.asarray(v[take]) for k, v in points.items()}
+    with bar(1, f"{model.name} on {chips} x {chip.name}, {len(layouts)} layouts", progress,
+             unit="kernel") as shown:
+        out = (_evaluate_jit if jit else _evaluate)(model, chip, runtime, prec, points)
+        out = {k: np.asarray(v)[:n] for k, v in out.items()}
+        shown.update(1)
+    replicas = np.asarray([lay.replicas for lay in layouts])[layout_index]
+    out["concurrency"] = out["concurrency"] * replicas
+    fit = np.concatenate([np.full(len(c), f) for c, f in per_replica])
+    finite = np.all([np.isfinite(out[k]) for k in METRIC_KEYS], axis=0)
+    keep = out["fits"] & finite & (conc <= fit * (1.0 + 1e-9))
+    values = {k: v[keep] for k, v in out.items()}
+    layout_index = layout_index[keep]
     front = pareto_front(values["tput_per_chip_total"], values["interactivity"])
     return Sweep(model=model.name, chip=chip.name, chips=int(chips), precision=prec.names,
                  input_len=isl, output_len=osl, layouts=layouts, layout_index=layout_index,
                  values=values, front=front)
 
 
-def _layout_points(model, chip, workload, prec, runtime, layout, grid, context,
-                   evaluate) -> dict:
-    """`_values` of one layout over the concurrency grid (per replica, plus the largest
-    batch that fits), keeping the points that fit and are finite."""
+def _layout_grid(model, chip, prec, runtime, layout, grid, context):
+    """(concurrencies per replica, the batch that fits): the grid plus the largest batch
+    that fits, where it is below the grid's top."""
     fit = _batch_that_fits(model, chip, prec, runtime, layout, context)
     cap = float(np.floor(fit))
     per_replica = np.unique(np.concatenate([grid, [cap]])) if cap < grid.max() else grid
-    single = dataclasses.replace(layout, replicas=1)
-    # Fresh defaults: class-level ones were built at import, before x64 may have been on.
-    design = Design(concurrency=1.0, layout=single, precision=prec, runtime=runtime,
-                    mapping=SliceMapping(), speculative=SpecDecode())
-    metrics = evaluate(model, chip, workload, design, jnp.asarray(per_replica))
-    values = _values(metrics, layout.replicas)
-    finite = np.all([np.isfinite(values[k]) for k in METRIC_KEYS], axis=0)
-    keep = values["fits"] & finite & (per_replica <= fit * (1.0 + 1e-9))
-    return {k: v[keep] for k, v in values.items()}
+    return per_replica, fit
 
 
 def _spec(chip: Chip, path: str):

@@ -1,4 +1,4 @@
-"""The store of traced kernels (`perfmodel.search.compile`): a kernel loaded from it gives
+"""The store of traced kernels (`perfmodel.compiled`): a kernel loaded from it gives
 the compiled kernel's outputs, a change of any static argument or of an array's shape is a
 new entry, and a torn file falls back to tracing."""
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from perfmodel.search import compile as kc
+from perfmodel import compiled as kc
 
 
 class Scale(eqx.Module):
@@ -22,7 +22,7 @@ def _kernel(m: Scale, x, offset):
     return {"y": m.factor * x ** m.power + offset, "n": jnp.sum(x)}
 
 
-kernel = kc.search_kernel(_kernel)
+kernel = kc.filter_jit(_kernel)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import perfmodel as pm
+from perfmodel import sweep as pareto_sweep
 from perfmodel.cli import main
 from perfmodel.grid import all_layouts, expand, from_dict, load, run_sweep, writers
 from perfmodel.grid import evaluate as grid_evaluate
@@ -360,13 +361,13 @@ def test_runtime_settings_reach_the_kernel(tmp_path, reference):
 
 def test_one_trace_per_model_and_chip(tmp_path, monkeypatch):
     calls = []
-    real = grid_evaluate.predict
+    real = pareto_sweep.predict
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(grid_evaluate, "predict", counted)
+    monkeypatch.setattr(pareto_sweep, "predict", counted)
     # A chunk size no other test uses: the kernel is traced afresh, once for every chunk,
     # layout, format and length of the group.
     spec = small()

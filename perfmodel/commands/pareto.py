@@ -103,7 +103,7 @@ def run(args) -> int:
                              "or .svg")
         check_output(args.plot, "--plot")
     result = sweep(model, chip, Workload(args.isl, args.osl), chips=args.chips, precision=fmt,
-                   progress=progress(args))
+                   jit=True, progress=progress(args))
     rows = result.rows()
     if args.format == "table":
         shown = [dict(row, tpot_ms=row["tpot_s"] * 1e3) for row in rows]

@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..design import Design, LayoutNumbers, SliceMapping, SpecDecode
-from ..serving import FIT_FIELDS, predict
-from ..workload import Workload
+from ..design import LayoutNumbers
+from ..serving import FIT_FIELDS
+from ..sweep import point_row
 from .expand import Chunk, Grid, Group
 from .shard import Placement
 
@@ -48,14 +48,8 @@ def _kernel(points, model, chip, runtime, precisions, columns):
         prec = jax.tree.map(lambda x: x[p["precision"]], precisions)
         layout = LayoutNumbers(tp=p["tp"], ep=p["ep"], pp=p["pp"], replicas=p["replicas"],
                                dp_attention=p["dpa"])
-        # Fresh defaults: class-level ones were built at import, before x64 may have been on.
-        # The concurrency goes in after construction: `Design` checks a concrete one.
-        design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime,
-                        mapping=SliceMapping(), speculative=SpecDecode())
-        design = eqx.tree_at(lambda d: d.concurrency, design, p["concurrency"])
-        workload = Workload(p["isl"], p["osl"])
-        row = predict(model, chip, workload, design, hard=True, check=False,
-                      unfit="value").to_row()
+        row = point_row(model, chip, runtime, prec, layout, p["concurrency"], p["isl"],
+                        p["osl"])
         return {key: row[key] for key in columns}
 
     return jax.vmap(one)(points)
