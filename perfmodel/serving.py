@@ -38,7 +38,7 @@ from .checks import error_if
 from .design import Design, Disaggregated, Layout, LayoutNumbers
 from .hardware import Chip
 from .kvcache import kv_bytes_per_request, kv_transfer_fraction, max_batch, weight_bytes_per_chip
-from .power import apply_power_cap, dynamic_energy
+from .power import apply_power_cap, average_power, dynamic_energy
 from .roofline import step_cost
 from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
 from .workload import Workload
@@ -219,7 +219,7 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
              prefill_seqs=rt.max_batched_tokens / I)), sharpness, hard, vectorize)
     step = plain.time + frequency * (mixed.time - plain.time)
     energy = plain.dynamic_energy + frequency * (mixed.dynamic_energy - plain.dynamic_energy)
-    power = chip.idle_power + energy / step
+    power = average_power(chip.idle_power, energy, step)
     tpot = step / tau
     own_prefill = smooth_max(I / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
     ttft_base = rt.request_overhead + rt.admission_steps * step + own_prefill
@@ -289,7 +289,7 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     e2e = concurrency / requests_per_s
     ttft = e2e - (O - 1.0) * tpot
     utilization = jnp.minimum(requests_per_s / prefill_capacity, 1.0)
-    pre_power = chip.idle_power + utilization * batch.dynamic_energy / batch.time
+    pre_power = average_power(chip.idle_power, batch.dynamic_energy, batch.time, utilization)
     power = (pre.chips * pre_power + dec.chips * plain.power) / layout.chips
     p99_ttft = ttft + (workload.input_len - I) / I * single.time
     return _Phase(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,

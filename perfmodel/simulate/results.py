@@ -7,6 +7,8 @@ from __future__ import annotations
 import equinox as eqx
 import jax.numpy as jnp
 
+from ..power import average_power
+
 
 class Result(eqx.Module):
     """Per-request outcomes (shape (..., N)) and engine totals of one simulation."""
@@ -138,5 +140,5 @@ def summarize(result: Result, max_ttft=jnp.inf, max_tpot=jnp.inf) -> Summary:
         preemptions=jnp.sum(result.preemptions, axis=-1), duration=duration,
         throughput=jnp.sum(done, axis=-1) / duration, goodput=goodput,
         goodput_per_chip=goodput / result.chips, utilization=result.busy_time / duration,
-        power=result.idle_power + result.dynamic_energy / duration,
+        power=average_power(result.idle_power, result.dynamic_energy, duration),
         mean_in_system=result.in_system_area / duration)
