@@ -246,6 +246,20 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
                   throttle=plain.throttle + frequency * (mixed.throttle - plain.throttle))
 
 
+def kv_transfer_time(model: Model, chip: Chip, design: Design, layout: Disaggregated,
+                     context):
+    """Time to move a request's KV cache of `context` tokens (any shape) from a prefill to
+    a decode instance (s): the busiest chip's share (`kvcache.kv_transfer_fraction`) sent
+    point to point over the scale-up network when both pools fit in one domain, else over
+    the scale-out one (`AbstractInterconnect.time`)."""
+    pre, dec = layout.prefill, layout.decode
+    shard = kv_bytes_per_request(model, context, design.precision.kv_bytes) \
+        * kv_transfer_fraction(model, pre, dec)
+    if pre.chips + dec.chips <= chip.domain_size:
+        return chip.scale_up.time("p2p", shard, 2)
+    return chip.scale_out.time("p2p", shard, 2)
+
+
 def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurrency,
                    sharpness, hard, vectorize=False):
     rt, spec = design.runtime, design.speculative
@@ -273,13 +287,7 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
              prefill_context=I / 2.0, prefill_seqs=jnp.ones_like(I))), sharpness, hard,
         vectorize)
     prefill_capacity = pre.replicas * _in_flight(pre, rt) * chunk / I / batch.time
-    kv = kv_bytes_per_request(model, I, design.precision.kv_bytes)
-    tier_up = pre.chips + dec.chips <= chip.domain_size
-    shard = kv * kv_transfer_fraction(model, pre, dec)
-    if tier_up:
-        transfer = chip.scale_up.time("p2p", shard, 2)
-    else:
-        transfer = chip.scale_out.time("p2p", shard, 2)
+    transfer = kv_transfer_time(model, chip, design, layout, I)
     ttft_base = rt.request_overhead + rt.admission_steps * batch.time + single.time + transfer
     e2e_base = ttft_base + (O - 1.0) * tpot
     decode_capacity = dec.replicas * running / ((O - 1.0) * tpot + tpot)

@@ -16,6 +16,8 @@ Where things live:
 - `agents`: agent sessions (`agent_sessions`, `session_times`, `session_stats`).
 - `scheduler`: the step loop of one engine instance (how a step is scheduled and costed).
 - `replicas`: data-parallel instances behind a round-robin router.
+- `disaggregated`: prefill and decode pools with the KV moved between them
+  (`simulate_disaggregated`).
 - `validate`: argument and traced-policy checks.
 - `entry`: `simulate` and its compiled form `simulate_jit` (with the `window="auto"`
   search).
@@ -37,11 +39,12 @@ Example:
 
 from .agents import agent_sessions, session_stats, session_times
 from .arrivals import Requests, closed_loop, gamma, poisson, trace
+from .disaggregated import simulate_disaggregated
 from .engines import ENGINES, Policy, engine_defaults, engine_kv_blocks
 from .entry import AUTO_WINDOW, simulate, simulate_jit
 from .results import Result, Stats, Summary, summarize
 
 __all__ = ["AUTO_WINDOW", "ENGINES", "Policy", "Requests", "Result", "Stats", "Summary",
            "agent_sessions", "closed_loop", "engine_defaults", "engine_kv_blocks", "gamma",
-           "poisson", "session_stats", "session_times", "simulate", "simulate_jit",
-           "summarize", "trace"]
+           "poisson", "session_stats", "session_times", "simulate", "simulate_disaggregated",
+           "simulate_jit", "summarize", "trace"]
