@@ -19,8 +19,8 @@ def _validate(model, chip, design, policy, requests):
     arguments(model=(model, Model), chip=(chip, Chip), design=(design, Design),
               policy=(policy, Policy), requests=(requests, Requests))
     if isinstance(design.layout, Disaggregated):
-        raise ValueError("design.layout: the simulator runs one aggregated instance; "
-                         "a Disaggregated layout is not simulated yet")
+        raise ValueError("design.layout: `simulate` runs aggregated instances; simulate "
+                         "a Disaggregated layout with `simulate_disaggregated`")
     if isinstance(design.layout, Layout):
         check_layout(model, design.layout)
         replicas = design.layout.replicas
