@@ -21,6 +21,19 @@ from .roofline import StepCost
 from .smooth import DEFAULT_SHARPNESS, smooth_max
 
 
+def average_power(idle_power, dynamic_energy, time, utilization=1.0):
+    """Average power of a chip that runs steps of `dynamic_energy` above idle (J) per `time`
+    (s) a `utilization` share of the time and idles the rest (W):
+    P_idle + utilization x E_dyn / t. A run's total dynamic energy over its duration (the
+    simulator's report) is the same with utilization 1.
+
+    Example:
+        >>> float(average_power(100.0, 3.0, 0.01, utilization=0.5))
+        250.0
+    """
+    return idle_power + utilization * dynamic_energy / time
+
+
 class PowerResult(eqx.Module):
     time: jnp.ndarray
     """Step time after the power cap (s)."""
@@ -58,6 +71,6 @@ def apply_power_cap(chip: Chip, time, energy, sharpness=DEFAULT_SHARPNESS,
     """
     headroom = jnp.maximum(chip.tdp - chip.idle_power, 1e-3)
     capped = smooth_max(time, energy / headroom, sharpness=sharpness, hard=hard)
-    power = chip.idle_power + energy / capped
+    power = average_power(chip.idle_power, energy, capped)
     return PowerResult(time=capped, power=power, dynamic_energy=energy,
                        throttle=capped / time)

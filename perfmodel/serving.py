@@ -38,7 +38,7 @@ from .checks import error_if
 from .design import Design, Disaggregated, Layout, LayoutNumbers
 from .hardware import Chip
 from .kvcache import kv_bytes_per_request, kv_transfer_fraction, max_batch, weight_bytes_per_chip
-from .power import apply_power_cap, dynamic_energy
+from .power import apply_power_cap, average_power, dynamic_energy
 from .roofline import step_cost
 from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
 from .workload import Workload
@@ -219,7 +219,7 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
              prefill_seqs=rt.max_batched_tokens / I)), sharpness, hard, vectorize)
     step = plain.time + frequency * (mixed.time - plain.time)
     energy = plain.dynamic_energy + frequency * (mixed.dynamic_energy - plain.dynamic_energy)
-    power = chip.idle_power + energy / step
+    power = average_power(chip.idle_power, energy, step)
     tpot = step / tau
     own_prefill = smooth_max(I / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
     ttft_base = rt.request_overhead + rt.admission_steps * step + own_prefill
@@ -244,6 +244,20 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
                   p99_ttft=p99_ttft, p99_tpot=p99_tpot, power=power, running=running,
                   fit=fit, excess=excess, penalty=penalty, step=step, prefill=frequency,
                   throttle=plain.throttle + frequency * (mixed.throttle - plain.throttle))
+
+
+def kv_transfer_time(model: Model, chip: Chip, design: Design, layout: Disaggregated,
+                     context):
+    """Time to move a request's KV cache of `context` tokens (any shape) from a prefill to
+    a decode instance (s): the busiest chip's share (`kvcache.kv_transfer_fraction`) sent
+    point to point over the scale-up network when both pools fit in one domain, else over
+    the scale-out one (`AbstractInterconnect.time`)."""
+    pre, dec = layout.prefill, layout.decode
+    shard = kv_bytes_per_request(model, context, design.precision.kv_bytes) \
+        * kv_transfer_fraction(model, pre, dec)
+    if pre.chips + dec.chips <= chip.domain_size:
+        return chip.scale_up.time("p2p", shard, 2)
+    return chip.scale_out.time("p2p", shard, 2)
 
 
 def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurrency,
@@ -273,13 +287,7 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
              prefill_context=I / 2.0, prefill_seqs=jnp.ones_like(I))), sharpness, hard,
         vectorize)
     prefill_capacity = pre.replicas * _in_flight(pre, rt) * chunk / I / batch.time
-    kv = kv_bytes_per_request(model, I, design.precision.kv_bytes)
-    tier_up = pre.chips + dec.chips <= chip.domain_size
-    shard = kv * kv_transfer_fraction(model, pre, dec)
-    if tier_up:
-        transfer = chip.scale_up.time("p2p", shard, 2)
-    else:
-        transfer = chip.scale_out.time("p2p", shard, 2)
+    transfer = kv_transfer_time(model, chip, design, layout, I)
     ttft_base = rt.request_overhead + rt.admission_steps * batch.time + single.time + transfer
     e2e_base = ttft_base + (O - 1.0) * tpot
     decode_capacity = dec.replicas * running / ((O - 1.0) * tpot + tpot)
@@ -289,7 +297,7 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     e2e = concurrency / requests_per_s
     ttft = e2e - (O - 1.0) * tpot
     utilization = jnp.minimum(requests_per_s / prefill_capacity, 1.0)
-    pre_power = chip.idle_power + utilization * batch.dynamic_energy / batch.time
+    pre_power = average_power(chip.idle_power, batch.dynamic_energy, batch.time, utilization)
     power = (pre.chips * pre_power + dec.chips * plain.power) / layout.chips
     p99_ttft = ttft + (workload.input_len - I) / I * single.time
     return _Phase(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,

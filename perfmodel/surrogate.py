@@ -104,7 +104,8 @@ from .checks import POSITIVE, Range, arguments, as_number, check
 from .design import Design, Disaggregated, Layout
 from .hardware import Chip
 from .serving import _capped_steps, check_layout
-from .simulate import Policy, Stats, _checked, engine_kv_blocks
+from .simulate import Policy, Stats, engine_kv_blocks
+from .simulate.validate import _checked
 from .smooth import safe_sqrt, smooth_max, smooth_min, soft_penalty
 
 #: Normal quantiles of p50, p90, p95, p99.

@@ -88,3 +88,31 @@ def test_installed_command_exits_2_on_a_typo():
     assert done.returncode == 2
     assert "unknown model 'kimi-k2-thinking'; did you mean kimi-k2" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+#: Each command that takes --model and --chip, with what else it needs to reach them.
+_NAMED = {"pareto": [], "optimize": [], "simulate": ["--rate", "1"],
+          "policy": ["--rate", "1", "--max-ttft-p99-ms", "500", "--max-tpot-p99-ms", "50"]}
+
+
+@pytest.mark.parametrize("option,name", [("--chip", "gb2000"), ("--model", "kimi-k2-thinking")])
+def test_every_command_refuses_a_bad_name_alike(capsys, option, name):
+    errors = {}
+    for command, needs in _NAMED.items():
+        assert main([command, *needs, option, name]) == 2
+        errors[command] = capsys.readouterr().err.strip()
+    assert len(set(errors.values())) == 1, errors
+    assert "did you mean" in errors["pareto"] and "\n" not in errors["pareto"]
+
+
+def test_every_command_reads_names_alike():
+    # The same alias and qualified names give the same presets through every parser.
+    from perfmodel.cli import build_parser
+    from perfmodel.commands import model_and_chip
+
+    parser = build_parser()
+    found = {(m.name, c.name) for m, c in (
+        model_and_chip(parser.parse_args([command, *needs, "--model", "DeepSeek-R1-0528",
+                                          "--chip", "h200_sxm"]), "h100")
+        for command, needs in _NAMED.items())}
+    assert found == {(presets.find_model("deepseek-r1").name, presets.get_chip("h200").name)}

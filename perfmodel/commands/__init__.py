@@ -61,14 +61,35 @@ def token_count(text: str) -> int:
     return value
 
 
+def add_model_chip_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
+                        chip: str | None = "gb200", chip_default: str | None = None) -> None:
+    """--model and --chip, read by `model_and_chip`: every command takes the same names.
+
+    Args:
+        model, chip: the defaults (`chip` None: `chip_default` describes the default).
+        chip_default: the help's words for the default when `chip` is None.
+    """
+    parser.add_argument("--model", default=model,
+                        help=f"model preset, alias or Hugging Face id (default {model}; "
+                             "see perfmodel.model_names())")
+    parser.add_argument("--chip", default=chip,
+                        help=f"chip preset or alias (default {chip_default or chip}; "
+                             "see perfmodel.chip_names())")
+
+
+def model_and_chip(args, chip: str | None = None):
+    """(model, chip) that --model and --chip name (`presets.find_model`, `presets.get_chip`:
+    presets, aliases, qualified names, shipped Hugging Face configs), `chip` standing in for
+    a --chip not given; ValueError naming the closest presets for a name that is neither."""
+    from ..presets import find_model, get_chip
+
+    return find_model(args.model), get_chip(args.chip or chip)
+
+
 def add_spec_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
                   chip: str = "gb200") -> None:
     """--model, --chip, --isl, --osl and --precision, with the InferenceMAX 8K/1K defaults."""
-    parser.add_argument("--model", default=model,
-                        help=f"model preset or Hugging Face id (default {model}; "
-                             "see perfmodel.model_names())")
-    parser.add_argument("--chip", default=chip,
-                        help=f"chip preset (default {chip}; see perfmodel.chip_names())")
+    add_model_chip_args(parser, model, chip)
     parser.add_argument("--isl", type=token_count, default=8192,
                         help="nominal input length, tokens (default 8192)")
     parser.add_argument("--osl", type=token_count, default=1024,
@@ -134,10 +155,9 @@ def resolve(args):
     """(model, chip, `Precision`) from parsed arguments; ValueError on unknown names and on
     a --precision the chip does not compute natively without --emulate."""
     from ..design import precision
-    from ..presets import find_model, get_chip
     from ..sweep import default_precision
 
-    model, chip = find_model(args.model), get_chip(args.chip)
+    model, chip = model_and_chip(args)
     check_lengths(args.isl, args.osl, model, args.allow_long_context)
     if args.precision is None:
         return model, chip, precision(chip, model, default_precision(chip, model))

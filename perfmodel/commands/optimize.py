@@ -133,12 +133,11 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _result(args):
-    from ..presets import find_model, get_chip
     from ..search import design_space, exhaustive, optimize, targets
     from ..workload import Workload
-    from . import check_lengths, progress, provenance
+    from . import check_lengths, model_and_chip, progress, provenance
 
-    model, chip = find_model(args.model), get_chip(args.chip)
+    model, chip = model_and_chip(args)
     check_lengths(args.isl, args.osl, model, args.allow_long_context)
     if args.emit:
         from ..deploy import check_engine

@@ -8,8 +8,10 @@ import time
 
 from . import (
     add_format_arg,
+    add_model_chip_args,
     check_lengths,
     chip_count,
+    model_and_chip,
     positive_int,
     provenance,
     render,
@@ -31,9 +33,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "serving surrogate, rounded to engine values and verified (and backed off "
                     "when it misses) in the simulator. --check-grid also runs a grid search "
                     "of the same space in the simulator.")
-    parser.add_argument("--model", default="llama-3.1-8b",
-                        help="model preset or Hugging Face id (default llama-3.1-8b)")
-    parser.add_argument("--chip", default="h100", help="chip preset (default h100)")
+    add_model_chip_args(parser, "llama-3.1-8b", "h100")
     parser.add_argument("--chips", type=chip_count, default=1,
                         help="chips of the pool, split into tp x replicas (default 1)")
     parser.add_argument("--engine", choices=("vllm",), default="vllm",
@@ -71,11 +71,10 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _problem(args):
     from .. import policy
-    from ..presets import find_model, get_chip
     from ..surrogate import Load
     from ..traces import load_trace
 
-    model, chip = find_model(args.model), get_chip(args.chip)
+    model, chip = model_and_chip(args)
     ttft, tpot = args.max_ttft_p99_ms / 1e3, args.max_tpot_p99_ms / 1e3
     if args.trace is not None:
         if args.rate is not None:

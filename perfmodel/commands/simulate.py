@@ -6,7 +6,16 @@ import argparse
 import math
 import time
 
-from . import add_format_arg, add_long_context_arg, positive_int, provenance, render, token_count
+from . import (
+    add_format_arg,
+    add_long_context_arg,
+    add_model_chip_args,
+    model_and_chip,
+    positive_int,
+    provenance,
+    render,
+    token_count,
+)
 
 #: Most requests one command simulates (the loop's arrays have that size).
 MAX_REQUESTS = 100_000
@@ -58,10 +67,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "by recompute) serving Poisson, gamma or traced arrivals; each step costed "
                     "by the core step-time model. Prints TTFT, TPOT, E2E and queueing delay "
                     "(mean and percentiles, seconds, from arrival in the engine's queue).")
-    parser.add_argument("--model", default="llama-3.1-8b",
-                        help="model preset or Hugging Face id (default llama-3.1-8b)")
-    parser.add_argument("--chip", default=None,
-                        help="chip preset (default h100, or the device --engine-config names)")
+    add_model_chip_args(parser, "llama-3.1-8b", None,
+                        "h100, or the device --engine-config names")
     parser.add_argument("--tp", type=lambda t: positive_int(t, 1024), default=1,
                         help="tensor-parallel chips of the instance (default 1)")
     parser.add_argument("--replicas", type=lambda t: positive_int(t, 4096), default=1,
@@ -141,7 +148,6 @@ def _specs(args):
 
     from ..design import Design, Layout, precision
     from ..fitted import runtime_for
-    from ..presets import find_model, get_chip
     from ..traces import vllm_engine
 
     if args.engine_config is not None:
@@ -152,7 +158,7 @@ def _specs(args):
         if args.replicas != 1:
             raise ValueError("--replicas: the engine config gives data_parallel_size")
     else:
-        model, chip = find_model(args.model), get_chip(args.chip or "h100")
+        model, chip = model_and_chip(args, "h100")
         # The checkpoint's own formats, as vLLM serves it without quantization flags.
         design = Design(concurrency=1.0, layout=Layout(tp=args.tp, replicas=args.replicas),
                         precision=precision(chip, model),

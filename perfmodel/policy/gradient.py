@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import surrogate
+from ..power import average_power
 from ..progress import bar
 from ..search.lagrangian import AugmentedLagrangian, run
 from ..serving import _capped_steps
@@ -138,15 +139,21 @@ def _pool(model, chip, design, x, load, replicas, chips, max_ttft, max_tpot, per
     goodput = replicas * e.goodput / chips
     if not per_kw:
         return e, goodput, goodput
-    # Power per chip: idle plus the busy fraction of the mean step's dynamic power (its
-    # decodes and the prompt tokens arriving per step), as the simulator averages it.
+    return e, goodput, goodput / (instance_power(model, chip, design, e, load) / 1e3)
+
+
+def instance_power(model, chip, design, e: surrogate.Estimate, load: surrogate.Load):
+    """Average power per chip of one instance under `load` with the surrogate's estimate
+    `e` (W), as the simulator reports it (`power.average_power`): idle, plus the busy share
+    (`e.utilization`) of the mean step's dynamic power, that step (its decodes and the
+    prompt tokens arriving per step) costed by the core model under the power cap as the
+    simulator costs its steps (`serving._capped_step`)."""
     tokens = load.rate * load.input_len * e.step
     (mix,) = _capped_steps(model, chip, design, design.layout, [dict(
         decode_seqs=e.running, decode_context=load.input_len + load.output_len / 2.0,
         prefill_tokens=tokens, prefill_context=load.input_len / 2.0,
         prefill_seqs=tokens / load.input_len)], 24.0, True, True)
-    power = chip.idle_power + e.utilization * mix.dynamic_energy / mix.time
-    return e, goodput, goodput / (power / 1e3)
+    return average_power(chip.idle_power, mix.dynamic_energy, mix.time, e.utilization)
 
 
 def _ratio(value, slo):
