@@ -1,5 +1,5 @@
-"""The entry points: `simulate` and its compiled form `simulate_jit` (one `eqx.filter_jit`
-call), and the `window="auto"` search both run inside the computation."""
+"""The entry points: `simulate` (eager) and `simulate_jit`, the compiled one
+(`eqx.filter_jit`), which also searches `window="auto"`."""
 
 from __future__ import annotations
 
@@ -45,11 +45,9 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
             instead of all N, which makes a step's time independent of N. Exact while
             the running requests and the head of the queue lie within it; when they may
             not, `Result.window_overflow` is True. None: all requests. "auto": the
-            narrowest of `AUTO_WINDOW` x 2^k requests (up to N) whose run does not
-            overflow, searched inside the computation (a chain of `lax.cond`: a width runs
-            only when the narrower one overflowed, each stopped at its first overflow),
-            so it holds under `jit` too; under a `vmap` every width runs (the
-            conditions become selects).
+            smallest of `AUTO_WINDOW` x 2^k that does not overflow (each compiled once,
+            an overflowing run stopped at its first overflow), found when the policy and
+            requests are concrete values; traced (under `jit` or `vmap`), all requests.
 
     Returns:
         `Result` (see `summarize`).
@@ -62,57 +60,63 @@ def simulate(model: Model, chip: Chip, design: Design, policy: Policy, requests:
     Queue order uses float keys of size steps x requests: run with `jax_enable_x64` (as the
     package's tests and command line do) for long simulations.
     """
-    _validate(model, chip, design, policy, requests)
+    if isinstance(window, str):
+        return simulate_jit(model, chip, design, policy, requests, max_steps=max_steps,
+                            hard=hard, vectorize=vectorize, window=window)
     return _simulate(model, chip, design, policy, requests, max_steps=max_steps, hard=hard,
-                     vectorize=vectorize, widths=_widths(window, requests.size))
+                     vectorize=vectorize, window=window)
 
 
-def _simulate(model, chip, design, policy, requests, *, max_steps, hard, vectorize, widths):
-    """`simulate` with the window widths to try, narrowest first (static)."""
+def _simulate(model, chip, design, policy, requests, *, max_steps, hard, vectorize, window,
+              stop_on_overflow=False):
     _validate(model, chip, design, policy, requests)
     policy = _checked(policy)
     layout = design.layout
-    serve = _replicated if isinstance(layout, Layout) and layout.replicas > 1 else _instance
-
-    def search(widths):
-        width, wider = widths[0], widths[1:]
-        result = serve(model, chip, design, policy, requests, max_steps, hard, vectorize,
-                       width, bool(wider))
-        if not wider:
-            return result
-        return jax.lax.cond(result.window_overflow, lambda: search(wider), lambda: result)
-
-    return search(widths)
+    args = (max_steps, hard, vectorize, window, stop_on_overflow)
+    if isinstance(layout, Layout) and layout.replicas > 1:
+        return _replicated(model, chip, design, policy, requests, *args)
+    return _instance(model, chip, design, policy, requests, *args)
 
 
-#: First window `window="auto"` tries (requests).
-AUTO_WINDOW = 256
-
-
-def _widths(window, n: int) -> tuple:
-    """The widths `window` asks for, narrowest first (None: all `n` requests)."""
-    if not isinstance(window, str):
-        return (window,)
-    if window != "auto":
-        raise ValueError(f"window must be an int, None or 'auto', got {window!r}")
-    # Read from the package at call time, where the name is public: setting
-    # `perfmodel.simulate.AUTO_WINDOW` changes the search (the tests start it small).
-    widths = [min(n, sys.modules[__package__].AUTO_WINDOW)]
-    while widths[-1] < n:
-        widths.append(min(2 * widths[-1], n))
-    return tuple(widths)
-
-
+#: The one compiled simulation; `simulate_jit` calls it once per window it tries.
 _simulate_compiled = eqx.filter_jit(_simulate)
 
 
 def simulate_jit(model: Model, chip: Chip, design: Design, policy: Policy,
                  requests: Requests, *, max_steps: int = 100_000, hard: bool = True,
                  vectorize: bool = True, window: int | str | None = "auto") -> Result:
-    """`simulate` as one compiled call (`eqx.filter_jit`), with the window chosen by
-    default (`window="auto"`: the same result as all requests, faster); the widths to try
-    are resolved here, so they are part of what the compilation is keyed on."""
+    """`simulate`, compiled (`eqx.filter_jit`), with the window chosen by default
+    (`window="auto"`: the same result as all requests, faster).
+
+    "auto" runs `_simulate_compiled` at `AUTO_WINDOW` x 2^k requests until a run does not
+    overflow (each width compiled once, an overflowing run stopped at its first
+    overflow); the search needs concrete values, so with traced ones (under `jit` or
+    `vmap`) it simulates all requests instead.
+    """
+    kw = dict(max_steps=max_steps, hard=hard, vectorize=vectorize)
+    if not isinstance(window, str):
+        return _simulate_compiled(model, chip, design, policy, requests, window=window, **kw)
+    if window != "auto":
+        raise ValueError(f"window must be an int, None or 'auto', got {window!r}")
     _validate(model, chip, design, policy, requests)
-    return _simulate_compiled(model, chip, design, policy, requests, max_steps=max_steps,
-                              hard=hard, vectorize=vectorize,
-                              widths=_widths(window, requests.size))
+    n = requests.size
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(
+            (chip, design, policy, requests))):
+        return _simulate(model, chip, design, policy, requests, window=None, **kw)
+    width = min(n, _first_window())
+    while True:
+        result = _simulate_compiled(model, chip, design, policy, requests, window=width,
+                                    stop_on_overflow=width < n, **kw)
+        if width >= n or not bool(result.window_overflow):
+            return result
+        width = min(2 * width, n)
+
+
+#: First window `window="auto"` tries (requests).
+AUTO_WINDOW = 256
+
+
+def _first_window() -> int:
+    # Read from the package at call time, where the name is public: setting
+    # `perfmodel.simulate.AUTO_WINDOW` changes the search (the tests start it small).
+    return sys.modules[__package__].AUTO_WINDOW
