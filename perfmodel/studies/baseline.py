@@ -30,13 +30,16 @@ configuration is the model's own best predicted point under the InferenceX defin
 the peak, never read from the measured rows. `measured_top` and `check_top` put the chosen
 point beside the measured rows at the top of the same sweep (a report, not an input).
 
-Example (not run as a doctest: about 40 configurations, 15 s on a CPU):
+Example (the search itself is not run as a doctest: 16 layouts, about 11 s on a CPU):
     >>> from perfmodel.presets import get_chip, get_model
     >>> from perfmodel.workload import Workload
-    >>> p = recipe_points(get_model("deepseek-r1"), get_chip("gb200"),
-    ...                   Workload(8192, 1024), (76.8,))  # doctest: +SKIP
-    >>> sorted(set(p["labels"]))[:1]  # doctest: +SKIP
-    ['dynamo-trt mtp P[1xtp4-ep4-dpa]+D[tp16-ep16-dpa]']
+    >>> model, chip = get_model("deepseek-r1"), get_chip("gb200")
+    >>> len(layouts(model, chip)), drafts(model)
+    (16, (0, 1, 2, 3))
+    >>> p = recipe_points(model, chip, Workload(8192, 1024), (76.8,))  # doctest: +SKIP
+    >>> i = p["tput_per_chip_total"].argmax()  # doctest: +SKIP
+    >>> p["labels"][i]  # doctest: +SKIP
+    'dynamo-trt no-mtp P[4xtp4-ep4-dpa]+D[tp8-ep8-dpa]'
 """
 
 from __future__ import annotations
