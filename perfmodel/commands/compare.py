@@ -110,6 +110,16 @@ def register(subparsers) -> argparse.ArgumentParser:
                              "concurrency list runs on every chip), interactivity (the "
                              "requests per chip matching the GPU's tok/s/user at its top) or "
                              "a number of requests per chip")
+    parser.add_argument("--gpu-recipe", choices=("on", "off"), default="on",
+                        help="on (default): the GPU baselines of DeepSeek-V3-architecture "
+                             "models also search the InferenceMAX Dynamo + TensorRT-LLM "
+                             "configurations (disaggregated, wide EP with DP attention, MTP, "
+                             "FP8 attention, fitted dynamo-trt runtime); off: the aggregated "
+                             "sweep alone")
+    parser.add_argument("--wide", type=int, default=128,
+                        help="the compared chip's sweep covers up to this many chips of its "
+                             "scale-up domain (default 128: Jalapeno's local network), so "
+                             "tp/ep up to that width are considered")
     add_long_context_arg(parser)
     add_format_arg(parser)
     parser.set_defaults(func=run)
@@ -134,7 +144,8 @@ def run(args) -> int:
     modes = ("predicted", "inferred") if args.mode == "both" else (args.mode,)
     rows = compare(models, chip=chip, baselines=baselines, isl=args.isl, osl=args.osl,
                    reported=args.reported, modes=modes, progress=progress(args),
-                   peak=args.peak, chip_top=args.chip_top)
+                   peak=args.peak, chip_top=args.chip_top, recipe=args.gpu_recipe == "on",
+                   wide=args.wide)
     has_reported = args.reported and all(k in r for r in rows for k, _, _ in REPORTED)
     columns = COLUMNS + (REPORTED if has_reported else ())
     if args.format == "table":
@@ -163,6 +174,11 @@ def run(args) -> int:
             f"threshold, half the lower best of the two chips (tok/s/user: {thresholds})",
             100, subsequent_indent="#   ")))
         print("\n".join(_checks(rows)))
+        print("# configurations at peak:")
+        for r in rows:
+            print(f"#   {r['model']} ({r['mode']}): {chip} {r['layout_at_peak']} on "
+                  f"{r['chips']} chips; {r['baseline']} {r['baseline_layout_at_peak']} on "
+                  f"{r['baseline_chips_at_peak']} chips")
         inferred = [r for r in rows if r["mode"] == "inferred"]
         if inferred:
             r = inferred[0]
@@ -175,6 +191,7 @@ def run(args) -> int:
                             baselines=baselines or sorted({r["baseline"] for r in rows}),
                             isl=args.isl, osl=args.osl, modes=list(modes),
                             reported=bool(args.reported), peak=args.peak,
-                            chip_top=args.chip_top)
+                            chip_top=args.chip_top, gpu_recipe=args.gpu_recipe,
+                            wide=args.wide)
         print(render(rows, args.format, columns, inputs=inputs))
     return 0

@@ -64,6 +64,8 @@ from ..smooth import smooth_min
 from ..solvers import value_and_grad_forward
 from ..sweep import DEFAULT_GRID, Sweep, auto_chips, default_runtime, sweep
 from ..workload import Workload
+from .baseline import applies as recipe_applies
+from .baseline import recipe_points
 
 #: The reported pairs (shared/data/jalapeno_claims.csv J01-J06): model, baseline, and the
 #: claim ids of tokens/s per kW at peak throughput and of the E2E latency ratio.
@@ -114,9 +116,14 @@ class ChipPoints:
     max_interactivity: float
     sweep: Sweep = dataclasses.field(repr=False, compare=False)
     peak_ttft_s: float = float("nan")
+    peak_chips: int = 0
+    """Chips of the peak point's deployment (the sweep's, or a recipe configuration's)."""
+    points: dict | None = dataclasses.field(default=None, repr=False, compare=False)
+    """Every point the operating points were chosen from, when more than the sweep's
+    (the GPU recipe's, `perfmodel.studies.baseline`)."""
 
     def high_interactivity_tok_s_per_kw(self, threshold: float) -> float:
-        v = self.sweep.values
+        v = self.points if self.points is not None else self.sweep.values
         ok = v["interactivity"] >= threshold
         return float(np.max(v["tok_s_per_kw_tdp"][ok])) if ok.any() else float("nan")
 
@@ -126,6 +133,11 @@ PEAK_MIN_INTERACTIVITY = 10.0
 
 #: Definitions of the peak-throughput point (see the module docstring).
 PEAK_DEFINITIONS = ("top", "floor")
+
+#: The widest deployment of the compared chip's sweep (chips): Jalapeno's local network
+#: (shared/data/jalapeno_claims.csv J17), where layouts up to tp = ep = 128 are priced by the
+#: collective algorithm selection.
+WIDE_CHIPS = 128
 
 #: Rules for Jalapeno's top concurrency (a number of requests per chip is also accepted).
 JALAPENO_TOP_RULES = ("same", "interactivity")
@@ -194,25 +206,67 @@ def chip_points(model: str, chip: Chip, workload: Workload, chips: int | None = 
     if peak == "top":
         grid = top_grid(grid, chips, top)
     s = sweep(m, chip, workload, chips=chips, precision=fmt, grid=grid, progress=False)
-    v = s.values
+    labels = [s.layouts[int(i)].describe() for i in s.layout_index]
+    return _choose(chip, int(chips), s, s.values, np.full(len(labels), float(chips)), labels,
+                   peak, min_interactivity, top)
+
+
+def _choose(chip: Chip, chips: int, s: Sweep, v: dict, point_chips, labels, peak,
+            min_interactivity, top, points=None) -> ChipPoints:
+    """The operating points of `ChipPoints` among points `v` (each of `point_chips` chips,
+    described by `labels`)."""
     if peak == "top":
-        usable = v["concurrency"] / chips <= top * (1.0 + 1e-9)
+        usable = v["concurrency"] / point_chips <= top * (1.0 + 1e-9)
     else:
         usable = v["interactivity"] >= min_interactivity
     if not usable.any():   # a chip that never reaches the floor or the cap: its best point
         usable = np.ones_like(usable)
     best = int(np.argmax(np.where(usable, v["tput_per_chip_total"], -np.inf)))
     low = int(np.argmax(v["interactivity"]))
-    layout = lambda i: s.layouts[int(s.layout_index[i])].describe()
     return ChipPoints(
         chip=chip.name, chips=int(chips), tdp_w=float(chip.tdp),
         peak_tput_per_chip=float(v["tput_per_chip_total"][best]),
         peak_tok_s_per_kw=float(v["tok_s_per_kw_tdp"][best]),
         peak_e2e_s=float(v["e2e_s"][best]), peak_interactivity=float(v["interactivity"][best]),
-        peak_layout=layout(best), peak_concurrency=float(v["concurrency"][best]),
+        peak_layout=labels[best], peak_concurrency=float(v["concurrency"][best]),
         low_interactivity=float(v["interactivity"][low]), low_e2e_s=float(v["e2e_s"][low]),
-        low_layout=layout(low), max_interactivity=float(np.max(v["interactivity"])), sweep=s,
-        peak_ttft_s=float(v["ttft_s"][best]))
+        low_layout=labels[low], max_interactivity=float(np.max(v["interactivity"])), sweep=s,
+        peak_ttft_s=float(v["ttft_s"][best]), peak_chips=int(point_chips[best]),
+        points=points)
+
+
+#: Requests in flight per chip at which the GPU recipe is evaluated besides the top: the
+#: low-concurrency and high-interactivity points (powers of two, 1/32 to 64).
+RECIPE_GRID = tuple(2.0**k for k in range(-5, 7))
+
+
+def baseline_points(model: str, chip: Chip, workload: Workload, chips: int | None = None,
+                    grid=DEFAULT_GRID, peak: str = "floor",
+                    min_interactivity: float = PEAK_MIN_INTERACTIVITY,
+                    top: float | None = None, recipe: bool = True) -> ChipPoints:
+    """`chip_points` of a GPU baseline, its points taken from its aggregated sweep and, for
+    the models InferenceMAX serves with the Dynamo + TensorRT-LLM recipe
+    (`baseline.applies`), from that recipe's configurations too (`baseline.recipe_points`:
+    disaggregated, wide EP, MTP, FP8 attention, the fitted dynamo-trt runtime, up to the
+    NVL72 domain). The peak is then the best predicted point of either under the same
+    definition; `recipe=False` keeps the sweep alone."""
+    base = chip_points(model, chip, workload, chips, grid, peak=peak,
+                       min_interactivity=min_interactivity, top=top)
+    m = get_model(model)
+    if not (recipe and recipe_applies(m)):
+        return base
+    extra = recipe_points(m, chip, workload, RECIPE_GRID + ((top,) if top else ()))
+    if not extra["labels"]:
+        return base
+    v = base.sweep.values
+    keys = [k for k in v if k in extra]
+    merged = {k: np.concatenate([v[k], extra[k]]) for k in keys}
+    n = len(v["concurrency"])
+    point_chips = np.concatenate([np.full(n, float(base.chips)), extra["chips"]])
+    labels = [base.sweep.layouts[int(i)].describe() for i in base.sweep.layout_index] \
+        + extra["labels"]
+    return _choose(chip, base.chips, base.sweep, merged, point_chips, labels, peak,
+                   min_interactivity, top, points=merged)
 
 
 #: Comparison definitions a reported pair can be checked against: (name, the ratio it fixes,
@@ -268,6 +322,25 @@ def consistency(row: dict) -> dict:
     return out
 
 
+def compared_chips(model: str, chip: Chip, workload: Workload, chips: int | None = None,
+                   wide: int = WIDE_CHIPS) -> int:
+    """Chips of the compared chip's sweep: `chips` when given, else the largest power of two
+    within min(`wide`, the chip's scale-up domain), and at least max(8, the smallest count
+    that holds the model), so its widest layouts reach its local network.
+
+    Example:
+        >>> from perfmodel.presets import get_chip
+        >>> compared_chips("deepseek-r1", get_chip("jalapeno"), Workload(8192, 1024))
+        128
+    """
+    if chips is not None:
+        return chips
+    need = auto_chips(get_model(model), chip, "fp4", float(workload.input_len),
+                      float(workload.output_len))
+    reach = 1 << (min(int(wide), chip.domain_size).bit_length() - 1)
+    return max(8, need, reach)
+
+
 def _row(model, mode, a: ChipPoints, b: ChipPoints, threshold, extra) -> dict:
     hi_a = a.high_interactivity_tok_s_per_kw(threshold)
     hi_b = b.high_interactivity_tok_s_per_kw(threshold)
@@ -275,8 +348,9 @@ def _row(model, mode, a: ChipPoints, b: ChipPoints, threshold, extra) -> dict:
            "chips": a.chips, "baseline_chips": b.chips,
            "tdp_w": a.tdp_w, "baseline_tdp_w": b.tdp_w,
            "output_len": float(a.sweep.output_len),
-           "requests_per_chip_at_peak": a.peak_concurrency / a.chips,
-           "baseline_requests_per_chip_at_peak": b.peak_concurrency / b.chips,
+           "requests_per_chip_at_peak": a.peak_concurrency / (a.peak_chips or a.chips),
+           "baseline_requests_per_chip_at_peak": b.peak_concurrency / (b.peak_chips or b.chips),
+           "baseline_chips_at_peak": b.peak_chips or b.chips,
            "baseline_ttft_s_at_peak": b.peak_ttft_s,
            "peak_tput_per_chip": a.peak_tput_per_chip,
            "baseline_peak_tput_per_chip": b.peak_tput_per_chip,
@@ -408,7 +482,8 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
             osl: int = 1024, reported: bool = False, modes=("predicted", "inferred"),
             chips: int | None = None, grid=DEFAULT_GRID, threshold: float | None = None,
             infer_steps: int = 60, progress: bool | None = None, peak: str = "top",
-            chip_top: str | float = JALAPENO_TOP) -> list[dict]:
+            chip_top: str | float = JALAPENO_TOP, recipe: bool = True,
+            wide: int = WIDE_CHIPS) -> list[dict]:
     """Compare a chip with baselines on models (defaults: the three reported pairs).
 
     Args:
@@ -418,7 +493,8 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         isl, osl: input and output lengths (tokens).
         reported: add the reported ratios beside the predicted ones.
         modes: "predicted" and/or "inferred".
-        chips: chips per deployment (default: max(8, the smallest count that holds it)).
+        chips: chips per deployment (default: the baselines max(8, the smallest count that
+            holds it); the compared chip as many as `wide` allows).
         grid: concurrencies per replica of the sweeps.
         threshold: interactivity of the high-interactivity point (tokens/s/user).
         infer_steps: Adam steps of the inferred mode.
@@ -430,6 +506,12 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
             above that interactivity) or a number of requests per chip.
         progress: a bar over the sweeps and fits on standard error (`perfmodel.progress`;
             None: on a terminal).
+        recipe: add the InferenceMAX Dynamo + TensorRT-LLM configurations to the GPU
+            baselines of the models it applies to (`baseline_points`).
+        wide: the compared chip's sweep covers min(`wide`, its scale-up domain) chips (at
+            least the baselines' count), so layouts up to that width are considered (its
+            local network: Jalapeno's 128 chips, priced by the collective selection of
+            `perfmodel.interconnect`).
 
     Returns:
         One dict per (model, chip, baseline, mode), with the keys of the module docstring
@@ -459,6 +541,9 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
                          "number of requests per chip")
     if not isinstance(chip_top, str) and not (np.isfinite(chip_top) and chip_top > 0):
         raise ValueError(f"chip_top {chip_top!r}: requests per chip must be positive")
+    if isinstance(wide, bool) or not isinstance(wide, (int, np.integer)) or wide < 1:
+        raise ValueError(f"wide {wide!r}: the widest deployment must be a positive number of "
+                         "chips")
     for mode in modes:
         if mode not in ("predicted", "inferred"):
             raise ValueError(f"mode {mode!r}: valid modes are 'predicted' and 'inferred'")
@@ -482,19 +567,21 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
 
     def base_of(m, c):
         top, _ = gpu_top_concurrency(m)
-        result = chip_points(m, c, workload, chips, grid, peak=peak, top=top)
+        result = baseline_points(m, c, workload, chips, grid, peak=peak, top=top,
+                                 recipe=recipe)
         shown.update(1)
         return result
 
     def points_of(m, c):
+        n = compared_chips(m, c, workload, chips, wide)
         if peak == "floor":
-            result = chip_points(m, c, workload, chips, grid, peak="floor")
+            result = chip_points(m, c, workload, n, grid, peak="floor")
         elif chip_top == "interactivity":
-            result = chip_points(m, c, workload, chips, grid, peak="floor",
+            result = chip_points(m, c, workload, n, grid, peak="floor",
                                  min_interactivity=base_points[m].peak_interactivity)
         else:
             top = gpu_top_concurrency(m)[0] if chip_top == "same" else float(chip_top)
-            result = chip_points(m, c, workload, chips, grid, peak="top", top=top)
+            result = chip_points(m, c, workload, n, grid, peak="top", top=top)
         shown.update(1)
         return result
 

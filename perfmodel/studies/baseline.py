@@ -1,0 +1,251 @@
+"""The GPU baseline as the InferenceMAX submitters run it: the Dynamo + TensorRT-LLM recipe.
+
+The measured GB200 DeepSeek-R1 rows of InferenceMAX at 8K/1K FP4 (shared/data/
+benchmarks_inferencemax.csv, framework dynamo-trt) all run one recipe, which this module
+turns into a small search space for models of the DeepSeek-V3 architecture (MLA attention,
+DeepSeek-R1 and Kimi-K2.5) on NVL72 GPUs:
+
+- prefill/decode disaggregation (Dynamo): prefill workers of `PREFILL_TP` chips (TP4 EP4 with
+  DP attention in every row), `PREFILL_WORKERS` of them, and one decode worker of
+  `DECODE_WIDTHS` chips with wide expert parallelism and DP attention (tp = ep = 8, 16, 32 in
+  the rows; 3 decode workers of TP8 EP8 without DP attention at low concurrency), all within
+  one NVL72 domain (`chip.domain_size`), so the KV hand-off runs over NVLink;
+- MTP speculative decoding where the model has an MTP head (`Model.mtp_layers`): draft
+  lengths `MTP_DRAFTS` at the per-token acceptance the calibration assumes for the same rows
+  (`datasets.MTP_ACCEPTANCE`: DeepSeek-V3 technical report, arXiv:2412.19437 section
+  5.4.3, reports 85-90 % acceptance of the second token on real text; the benchmark's
+  prompts are random tokens), and without it;
+- FP8 KV cache and FP8 attention: TensorRT-LLM's throughput recipe for DeepSeek-R1 on
+  Blackwell ("FP8 KV cache and FP8 attention, rather than BF16 precision", TensorRT-LLM tech
+  blog 3, "Optimizing DeepSeek R1 Throughput on NVIDIA Blackwell GPUs"; `kv_cache_config:
+  dtype: fp8` with `enable_attention_dp: true` in TensorRT-LLM's
+  examples/serve/deepseek_r1_reasoning_parser.sh); weights as the NVFP4 checkpoint;
+- the fitted engine terms of the framework InferenceMAX ran (`fitted.runtime_for(
+  "dynamo-trt")`).
+
+`recipe_points` evaluates every configuration of that space over a concurrency grid (one
+vmapped `predict` per configuration); `perfmodel.studies.jalapeno` takes the baseline's
+operating points from these points together with its aggregated sweep, so the baseline
+configuration is the model's own best predicted point under the InferenceX definition of
+the peak, never read from the measured rows. `measured_top` and `check_top` put the chosen
+point beside the measured rows at the top of the same sweep (a report, not an input).
+
+Example (the search itself is not run as a doctest: 16 layouts, about 11 s on a CPU):
+    >>> from perfmodel.presets import get_chip, get_model
+    >>> from perfmodel.workload import Workload
+    >>> model, chip = get_model("deepseek-r1"), get_chip("gb200")
+    >>> len(layouts(model, chip)), drafts(model)
+    (16, (0, 1, 2, 3))
+    >>> p = recipe_points(model, chip, Workload(8192, 1024), (76.8,))  # doctest: +SKIP
+    >>> i = p["tput_per_chip_total"].argmax()  # doctest: +SKIP
+    >>> p["labels"][i]  # doctest: +SKIP
+    'dynamo-trt no-mtp P[4xtp4-ep4-dpa]+D[tp8-ep8-dpa]'
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import pathlib
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from ..architecture import Model
+from ..datasets import MTP_ACCEPTANCE
+from ..design import Design, Disaggregated, Layout, SliceMapping, SpecDecode, precision
+from ..fitted import runtime_for
+from ..hardware import Chip
+from ..serving import METRIC_KEYS, predict
+from ..workload import Workload
+
+#: The framework whose fitted engine terms the recipe uses (the InferenceMAX GB200 rows).
+FRAMEWORK = "dynamo-trt"
+
+#: Chips per prefill worker: TP4 EP4 with DP attention in every GB200 dynamo-trt row.
+PREFILL_TP = 4
+
+#: Prefill workers tried with the wide-EP decode pools (the rows run 4, 5, 6 and 8).
+PREFILL_WORKERS = (2, 4, 5, 6, 8)
+
+#: Decode pools tried: (chips per worker = tp = ep, DP attention, workers). The rows run one
+#: wide-EP worker of 8, 16 or 32 chips with DP attention, and 3 TP8 EP8 workers without it
+#: at low concurrency.
+DECODE_POOLS = ((8, False, 3), (8, True, 1), (16, True, 1), (32, True, 1))
+
+#: MTP draft lengths the search tries besides none: TensorRT-LLM runs 1 to 3 MTP layers
+#: (3 in its min-latency recipe, tech blog 1, "Pushing Latency Boundaries"), each at the
+#: calibration's per-token acceptance.
+MTP_DRAFTS = (1, 2, 3)
+
+
+def applies(model: Model) -> bool:
+    """Whether the recipe describes how InferenceMAX runs `model` (MLA models)."""
+    return model.attention == "mla"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One configuration of the recipe space: a disaggregated layout and an MTP draft
+    length (0: no speculative decoding)."""
+
+    layout: Disaggregated
+    draft_tokens: int = 0
+
+    @property
+    def chips(self) -> int:
+        return self.layout.chips
+
+    @property
+    def mtp(self) -> bool:
+        return self.draft_tokens > 0
+
+    def describe(self) -> str:
+        spec = f"mtp{self.draft_tokens}" if self.mtp else "no-mtp"
+        return f"{FRAMEWORK} {spec} {self.layout.describe()}"
+
+
+def layouts(model: Model, chip: Chip) -> tuple[Disaggregated, ...]:
+    """The recipe's disaggregated layouts for `model` on `chip` that fit in one scale-up
+    domain (`chip.domain_size` chips)."""
+    out = []
+    for width, dpa, workers in DECODE_POOLS:
+        if model.is_moe and model.num_experts % width:
+            continue
+        decode = Layout(tp=width, ep=width if model.is_moe else 1, dp_attention=dpa,
+                        replicas=workers)
+        # The rows pair the low-concurrency pool (no DP attention) with one prefill worker.
+        for n in (PREFILL_WORKERS if dpa else (1,)):
+            prefill = Layout(tp=PREFILL_TP, ep=PREFILL_TP if model.is_moe else 1,
+                             dp_attention=model.is_moe, replicas=n)
+            layout = Disaggregated(prefill=prefill, decode=decode)
+            if layout.chips <= chip.domain_size:
+                out.append(layout)
+    return tuple(out)
+
+
+def drafts(model: Model) -> tuple[int, ...]:
+    """MTP draft lengths tried: none, and `MTP_DRAFTS` where the model has an MTP head."""
+    return (0,) + (MTP_DRAFTS if model.mtp_layers > 0 else ())
+
+
+def design_of(model: Model, chip: Chip, config: Config, concurrency: float = 1.0) -> Design:
+    """The `Design` of one configuration (FP4 weights, FP8 KV and attention, fitted
+    dynamo-trt runtime, MTP as configured)."""
+    prec = precision(chip, model, "fp4", kv="fp8", attention="fp8")
+    spec = SpecDecode(draft_tokens=float(config.draft_tokens), acceptance=MTP_ACCEPTANCE)
+    return Design(concurrency=concurrency, layout=config.layout, precision=prec,
+                  runtime=runtime_for(FRAMEWORK), mapping=SliceMapping(), speculative=spec)
+
+
+def _evaluate(model, chip, workload, design, concurrency, draft):
+    # One vmapped predict over (concurrency, draft length) pairs: both are array leaves, so
+    # every MTP setting of a layout shares one evaluation.
+    def one(c, k):
+        d = eqx.tree_at(lambda x: (x.concurrency, x.speculative.draft_tokens), design, (c, k))
+        return predict(model, chip, workload, d, hard=True, check=False, unfit="value")
+
+    return eqx.filter_vmap(one)(concurrency, draft)
+
+
+def recipe_points(model: Model, chip: Chip, workload: Workload, per_chip) -> dict:
+    """Every fitting, finite point of the recipe's configurations at the given requests in
+    flight per chip (each configuration at `per_chip` x its chips).
+
+    Returns:
+        {column: array} with the `serving.METRIC_KEYS` and the other `Metrics.to_row`
+        columns, `chips` (chips of the point's configuration), `draft_tokens` and `labels`
+        (a list: the configuration, `Config.describe`).
+    """
+    per_chip = np.asarray(sorted({float(x) for x in per_chip}), dtype=float)
+    ks = drafts(model)
+    parts, labels = [], []
+    for layout in layouts(model, chip):
+        concurrency = np.maximum(np.floor(per_chip * layout.chips), 1.0)
+        c, k = (a.ravel() for a in np.meshgrid(concurrency, np.asarray(ks, dtype=float)))
+        m = _evaluate(model, chip, workload, design_of(model, chip, Config(layout)),
+                      jnp.asarray(c), jnp.asarray(k))
+        values = {name: np.asarray(v) for name, v in m.to_row().items()}
+        finite = np.all([np.isfinite(values[name]) for name in METRIC_KEYS], axis=0)
+        # As the aggregated sweep: no more requests per decode worker than its KV holds.
+        per_worker = values["concurrency"] / layout.decode.replicas
+        keep = values["fits"] & finite & (per_worker <= values["max_batch"] * (1.0 + 1e-9))
+        values = {name: v[keep] for name, v in values.items()}
+        values["chips"] = np.full(int(keep.sum()), float(layout.chips))
+        values["draft_tokens"] = k[keep]
+        parts.append(values)
+        labels += [Config(layout, int(x)).describe() for x in k[keep]]
+    out = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} \
+        if parts else {}
+    out["labels"] = labels
+    return out
+
+
+#: The measured rows shipped with the repository (not with the package).
+ROWS = pathlib.Path(__file__).resolve().parents[2] / "calibration" / "data" / \
+    "benchmarks_inferencemax.csv"
+
+_LOGGED = {"deepseek-r1": ("DeepSeek-R1", "DeepSeek-R1-0528")}
+
+
+def measured_top(model: str, chip: str = "gb200", path=ROWS) -> list[dict]:
+    """The measured 8K/1K FP4 dynamo-trt rows at the top of the model's sweep on `chip`:
+    for MTP and for no MTP, the row of the highest `tput_per_gpu` (every InferenceMAX
+    series peaks at its highest tested concurrency). [] where the file or rows are missing.
+
+    Returns:
+        dicts: mtp (bool), conc, gpus, requests_per_gpu, tput_per_gpu, interactivity,
+        layout (as logged: prefill workers x TP and decode TP), run_id.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        return []
+    with path.open() as handle:
+        rows = [r for r in csv.DictReader(handle)
+                if r["model"] in _LOGGED.get(model, (model,)) and r["hardware"] == chip
+                and r["framework"] == FRAMEWORK and r["precision"] == "fp4"
+                and r["isl"] == "8192" and r["osl"] == "1024"]
+    out = []
+    for mtp in (False, True):
+        group = [r for r in rows if (r["spec_decoding"] != "none") == mtp]
+        if not group:
+            continue
+        best = max(group, key=lambda r: float(r["tput_per_gpu"]))
+        gpus = float(best["num_prefill_gpu"]) + float(best["num_decode_gpu"])
+        out.append({"mtp": mtp, "conc": float(best["conc"]), "gpus": gpus,
+                    "requests_per_gpu": float(best["conc"]) / gpus,
+                    "tput_per_gpu": float(best["tput_per_gpu"]),
+                    "interactivity": float(best["median_intvty_tok_s_user"]),
+                    "layout": f"{int(float(best['prefill_num_workers']))}x prefill TP"
+                              f"{int(float(best['prefill_tp']))} + decode TP"
+                              f"{int(float(best['decode_tp']))}",
+                    "run_id": best["run_id"]})
+    return out
+
+
+def check_top(model_name: str, chip: Chip, model: Model, workload: Workload,
+              path=ROWS) -> list[dict]:
+    """The recipe's best predicted point at each measured top (same MTP setting, at most
+    the measured requests per GPU) beside the measured row: the baseline check.
+
+    Returns:
+        One dict per measured top row (`measured_top`) with the predicted configuration,
+        throughput per GPU and interactivity and their ratios to the measured ones.
+    """
+    out = []
+    for row in measured_top(model_name, chip.name, path):
+        points = recipe_points(model, chip, workload, (row["requests_per_gpu"],))
+        mtp = points["draft_tokens"] > 0
+        ok = (mtp == row["mtp"]) & (points["concurrency"] / points["chips"]
+                                    <= row["requests_per_gpu"] * (1.0 + 1e-9))
+        best = int(np.argmax(np.where(ok, points["tput_per_chip_total"], -np.inf)))
+        out.append({**{"measured_" + k: v for k, v in row.items()},
+                    "predicted_config": points["labels"][best],
+                    "predicted_tput_per_gpu": float(points["tput_per_chip_total"][best]),
+                    "predicted_interactivity": float(points["interactivity"][best]),
+                    "ratio_tput": float(points["tput_per_chip_total"][best])
+                    / row["tput_per_gpu"],
+                    "ratio_interactivity": float(points["interactivity"][best])
+                    / row["interactivity"]})
+    return out

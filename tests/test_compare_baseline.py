@@ -1,0 +1,105 @@
+"""The GPU baseline of the Jalapeno comparison: the InferenceMAX Dynamo + TensorRT-LLM recipe
+(perfmodel.studies.baseline), its check against the measured tops, and the wide sweep of
+the compared chip."""
+
+import pytest
+
+from perfmodel.design import Disaggregated
+from perfmodel.presets import get_chip, get_model
+from perfmodel.studies import baseline
+from perfmodel.studies import jalapeno as cmp
+from perfmodel.workload import Workload
+
+W = Workload(8192, 1024)
+
+
+def test_recipe_space_is_disaggregated_wide_ep_within_nvl72():
+    model, chip = get_model("deepseek-r1"), get_chip("gb200")
+    layouts = baseline.layouts(model, chip)
+    assert layouts and all(isinstance(x, Disaggregated) for x in layouts)
+    assert all(x.chips <= chip.domain_size for x in layouts)
+    # Prefill TP4 EP4 with DP attention; decode wide EP (tp = ep) with DP attention, as the
+    # measured rows; the low-concurrency pool of 3 TP8 workers without it.
+    assert {(x.prefill.tp, x.prefill.ep, x.prefill.dp_attention) for x in layouts} == {
+        (4, 4, True)}
+    wide = {x.decode.tp for x in layouts if x.decode.dp_attention}
+    assert wide == {8, 16, 32}
+    assert all(x.decode.ep == x.decode.tp for x in layouts)
+    assert any(not x.decode.dp_attention and x.decode.replicas == 3 for x in layouts)
+    # A 4-GPU domain holds none of them.
+    small = get_chip("b200")
+    assert baseline.layouts(model, small) == ()
+
+
+def test_mtp_only_where_the_model_has_an_mtp_head():
+    assert baseline.drafts(get_model("deepseek-r1")) == (0, 1, 2, 3)
+    assert baseline.drafts(get_model("kimi-k2.5")) == (0,)
+    assert baseline.applies(get_model("kimi-k2.5"))
+    assert not baseline.applies(get_model("gpt-oss-120b"))
+
+
+def test_recipe_design_formats_runtime_and_spec():
+    model, chip = get_model("deepseek-r1"), get_chip("gb200")
+    config = baseline.Config(baseline.layouts(model, chip)[1], draft_tokens=2)
+    d = baseline.design_of(model, chip, config)
+    assert d.precision.names[1:] == ("nvfp4", "fp8")           # experts NVFP4, KV FP8
+    assert float(d.precision.kv_bytes) == pytest.approx(1.0)
+    assert d.runtime.framework == "dynamo-trt"
+    assert float(d.speculative.draft_tokens) == 2.0
+    assert float(d.speculative.acceptance) == pytest.approx(0.7)
+    assert config.describe().startswith("dynamo-trt mtp2 P[")
+
+
+def test_measured_top_rederived_from_rows():
+    rows = {r["mtp"]: r for r in baseline.measured_top("deepseek-r1", "gb200")}
+    assert rows[False]["conc"] == 2150.0 and rows[False]["gpus"] == 28.0
+    assert rows[False]["requests_per_gpu"] == pytest.approx(
+        cmp.gpu_top_concurrency("deepseek-r1")[0])
+    assert rows[True]["gpus"] == 32.0
+    assert baseline.measured_top("deepseek-r1", "gb300") == []
+
+
+def test_compared_chip_sweeps_its_local_network():
+    assert cmp.compared_chips("deepseek-r1", get_chip("jalapeno"), W) == 128
+    assert cmp.compared_chips("deepseek-r1", get_chip("jalapeno"), W, wide=8) == 8
+    assert cmp.compared_chips("deepseek-r1", get_chip("gb200"), W) == 64   # NVL72: 64
+    assert cmp.compared_chips("deepseek-r1", get_chip("jalapeno"), W, chips=16) == 16
+    with pytest.raises(ValueError, match="wide"):
+        cmp.compare(["deepseek-r1"], wide=0)
+
+
+@pytest.fixture(scope="module")
+def check():
+    return {r["measured_mtp"]: r for r in baseline.check_top(
+        "deepseek-r1", get_chip("gb200"), get_model("deepseek-r1"), W)}
+
+
+@pytest.mark.slow   # about 16 eager evaluations of disaggregated layouts
+def test_baseline_within_15_percent_of_measured_top_without_mtp(check):
+    r = check[False]
+    assert r["predicted_config"].startswith("dynamo-trt no-mtp P[")
+    assert r["ratio_tput"] == pytest.approx(1.0, abs=0.15)
+    assert r["ratio_interactivity"] == pytest.approx(1.0, abs=0.15)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known miss (README, Jalapeno comparison): MTP "
+                   "verification triples the compute-bound FP8 attention in the model, "
+                   "interactivity about 0.8x of measured at the MTP top")
+def test_baseline_within_15_percent_of_measured_top_with_mtp(check):
+    r = check[True]
+    assert r["ratio_tput"] == pytest.approx(1.0, abs=0.15)
+    assert r["ratio_interactivity"] == pytest.approx(1.0, abs=0.15)
+
+
+@pytest.mark.slow
+def test_baseline_points_take_the_recipe_at_the_top():
+    top = cmp.gpu_top_concurrency("deepseek-r1")[0]
+    plain = cmp.baseline_points("deepseek-r1", get_chip("gb300"), W, 8, (1.0, 64.0),
+                                peak="top", top=top, recipe=False)
+    points = cmp.baseline_points("deepseek-r1", get_chip("gb300"), W, 8, (1.0, 64.0),
+                                 peak="top", top=top)
+    assert points.peak_tput_per_chip >= plain.peak_tput_per_chip
+    assert points.peak_layout.startswith("dynamo-trt")
+    assert points.peak_concurrency / points.peak_chips <= top * (1 + 1e-9)
+    assert points.low_interactivity >= plain.low_interactivity
