@@ -113,6 +113,7 @@ def test_tpot_never_falls_as_concurrency_grows(name, low, factor):
         >= float(_predict(name, concurrency=low).tpot) * (1 - SLACK)
 
 
+@pytest.mark.slow
 @settings(max_examples=20)
 @given(name=st.sampled_from(["dense", "moe", "mtp", "pipeline", "disagg"]),
        concurrency=st.floats(1.0, 128.0), short=st.floats(64.0, 8192.0),

@@ -79,6 +79,7 @@ def test_percentiles_are_ordered_and_finite(sweep):
     assert np.all(np.asarray(sweep.ttft.p99) >= np.asarray(sweep.ttft.mean) * 0.999)
 
 
+@pytest.mark.slow
 def test_waits_grow_with_load_and_are_flagged_past_capacity(sweep, capacity):
     mean, p99 = np.asarray(sweep.ttft.mean), np.asarray(sweep.ttft.p99)
     assert np.all(np.diff(mean) > 0) and np.all(np.diff(p99) > 0), (mean, p99)
