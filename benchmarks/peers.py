@@ -41,7 +41,7 @@ def _version(dist: str) -> str:
     return importlib.metadata.version(dist)
 
 
-def _timed_loop(call, configs, budget_s: float, infeasible: tuple = ()) -> tuple[int, float, object, int]:
+def _timed_loop(call, configs, budget_s: float, infeasible: tuple = ()) -> tuple:
     """Calls `call(cfg)` over `configs` until `budget_s` is spent: (count, seconds, last
     result, how many raised one of `infeasible`: the tool's answer "does not fit", which
     perfmodel gives as NaN metrics and `fits` False, counted as evaluated)."""
@@ -62,8 +62,12 @@ def _timed_loop(call, configs, budget_s: float, infeasible: tuple = ()) -> tuple
 
 def llm_analysis(request) -> dict:
     from llm_analysis.analysis import LLMAnalysis
-    from llm_analysis.config import (GPUConfig, ModelConfig, ParallelismConfig,
-                                     get_dtype_config_by_name)
+    from llm_analysis.config import (
+        GPUConfig,
+        ModelConfig,
+        ParallelismConfig,
+        get_dtype_config_by_name,
+    )
 
     chip = request["chip"]
     model = ModelConfig(name="deepseek-r1", **DEEPSEEK_R1)

@@ -1,4 +1,4 @@
-"""perfmodel's speed in one run, against the other tools that do its job, on the same configurations.
+"""perfmodel's speed against the other tools that do its job, in one run on the same configs.
 
     python benchmarks/run.py --quick --json     # the quick set, under a minute; one JSON object
     python benchmarks/run.py                    # also compile times and 8 fake CPU devices
