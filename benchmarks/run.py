@@ -16,9 +16,10 @@ Figures (written to `benchmarks/run.json` as well):
 - `peers`: each other tool's configurations per second on the first configurations of the
   same draw (`peers.py`, one Python call per configuration), its version, the exact call
   and what differs; `ratio` is perfmodel's float64 rate over the tool's.
-- Without `--quick`: `compile_s` of each public entry point (first call in a fresh process
-  minus the second) and `configs_per_s_8dev` (the same kernel split over 8 fake CPU devices
-  on `perfmodel.grid.shard`'s mesh, `XLA_FLAGS=--xla_force_host_platform_device_count=8`).
+- Without `--quick`: `compile_s_entry_points`, the cold and warm wall time of predict,
+  pareto, optimize and simulate on a fresh compilation cache (`compile_times.py`), and
+  `configs_per_s_8dev` (the same kernel split over 8 fake CPU devices on
+  `perfmodel.grid.shard`'s mesh, `XLA_FLAGS=--xla_force_host_platform_device_count=8`).
 
 The peers live in their own environment, never in perfmodel's dependencies::
 
@@ -113,12 +114,8 @@ def peers(python: str, n: int, budget_s: float) -> dict:
 
 
 def compile_times() -> dict:
-    """First minus second call of each public entry point, each in a fresh process."""
-    out = {}
-    for name in ("predict", "pareto", "optimize", "simulate"):
-        out[name] = _python_json([sys.executable, str(HERE / "compile_times.py"), name],
-                                 timeout=600)
-    return out
+    """Cold and warm wall time of each public entry point (`compile_times.py`)."""
+    return _python_json([sys.executable, str(HERE / "compile_times.py")], timeout=1800)
 
 
 def main(argv=None) -> dict:
