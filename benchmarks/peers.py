@@ -27,8 +27,6 @@ import time
 import traceback
 import warnings
 
-INSTALL = "/tmp/bench-peers/bin/pip install {}"
-
 #: DeepSeek-R1 (deepseek-ai/DeepSeek-R1 config.json): 61 layers, 128 heads, width 7168,
 #: vocab 129280, 256 routed experts of width 2048, 8 per token. llm-analysis needs the expert
 #: width to be a multiple of the model width, so 73 experts of width 7168, 2 per token: the
@@ -200,7 +198,7 @@ def main() -> None:
         try:
             __import__(module)
         except ImportError:
-            result[dist] = dict(absent=True, install=INSTALL.format(dist))
+            result[dist] = dict(absent=True, install=f"{sys.executable} -m pip install {dist}")
             continue
         try:
             result[dist] = measure(request)

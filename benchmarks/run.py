@@ -160,11 +160,19 @@ def main(argv=None) -> dict:
     if args.json:
         print(json.dumps(result))
         return result
-    print(f"configs/s float64 {result['configs_per_s']:,.0f}, float32 "
-          f"{result['configs_per_s_f32']:,.0f}; grads/s {result['grads_per_s']:,.0f}; "
-          f"perfmodel pareto {result['pareto_startup_s']:.1f} s (load {result['load_average']})")
+    def rate(x):
+        return f"{x:,.0f}" if isinstance(x, float | int) else str(x)
+
+    print(f"configs/s float64 {rate(result['configs_per_s'])}, float32 "
+          f"{rate(result['configs_per_s_f32'])}; grads/s {rate(result['grads_per_s'])}; "
+          f"perfmodel pareto {result['pareto_startup_s']:.1f} s (load "
+          f"{', '.join(f'{x:.1f}' for x in result['load_average'])}); fastest peer "
+          f"{rate(result.get('ratio_to_fastest_peer'))}x; targets 15 million/s and 5,000x "
+          f"{'met' if result['targets']['met'] else 'missed'}")
     for tool, peer in result["peers"].items():
-        if peer.get("configs_per_s"):
+        if not isinstance(peer, dict):
+            print(f"  peers: {peer}")
+        elif peer.get("configs_per_s"):
             print(f"  {tool} {peer['version']}: {peer['configs_per_s']:,.0f} configs/s "
                   f"(perfmodel {peer['ratio']:,.0f}x)")
         else:
