@@ -11,6 +11,9 @@ Figures (written to `benchmarks/run.json` as well):
   in float32 (a fresh process: JAX's precision is set before any array exists).
 - `grads_per_s`: per-configuration gradients of tokens/s per kW with respect to the six
   inputs of a configuration (`bench_vmap.build_grads`), after compilation.
+- `compile_s`, `grad_compile_s`: the first calls of those kernels: compilation, or loading
+  them from perfmodel's persistent compilation cache when warm (`PERFMODEL_CACHE_DIR=off`
+  compiles every time).
 - `pareto_startup_s`: wall time of a fresh `perfmodel pareto` process (its defaults; output
   discarded), start-up and compilation cache included.
 - `peers`: each other tool's configurations per second on the first configurations of the
