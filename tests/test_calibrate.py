@@ -447,7 +447,9 @@ for devices in (None, 4):
     jac = eqx.filter_jit(lambda p, b: jax.jacfwd(lambda t: b(p.with_flat(t))[0])(p.flat))(
         p, block)
     fit, families, frameworks = problem.fit(max_steps=40)
+    predicted = problem.predict(fit.params)
     out[str(devices)] = dict(
+        tput=predicted["tput_per_gpu"].tolist(), fits=problem.fits(fit).tolist(),
         length=[b.length for b in block.batches], r=np.asarray(r).tolist(),
         jac=np.asarray(jac).tolist(), params=np.asarray(fit.params.flat).tolist(),
         aux=np.asarray(fit.aux[0]).tolist(), loss=float(fit.loss), steps=int(fit.steps),
@@ -474,3 +476,6 @@ def test_fit_sharded_over_four_devices_gives_the_same_parameters(tmp_path):
     np.testing.assert_allclose(four["params"], one["params"], rtol=1e-12, atol=0)
     np.testing.assert_allclose(four["aux"], one["aux"], rtol=1e-12, atol=1e-14)
     assert four["loss"] == pytest.approx(one["loss"], rel=1e-12)
+    # Predictions of a sharded problem: every row, none of the padding.
+    assert len(four["tput"]) == 9 and four["fits"] == one["fits"]
+    np.testing.assert_allclose(four["tput"], one["tput"], rtol=1e-12, atol=0)
