@@ -8,6 +8,9 @@ the other 20 % (a random split with a fixed seed) are held out and listed in
 from the same fit rows, the prediction intervals' covariance and model-error terms
 `perfmodel/data/fitted_intervals.json` (`perfmodel.calibration.intervals`; skip with
 `--no-intervals`).
+`--devices N` (or `all`) splits the InferenceMAX rows over N local devices
+(`perfmodel.calibration.Calibration(devices=...)`; on CPU, fake ones with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N`); the default is one device.
 `calibration/validate.py` runs this fit, the held-out check and leave-one-chip-out refits in
 one process.
 """
@@ -133,6 +136,20 @@ def fit_intervals(fitted, data: dict, gemm, nccl, out=INTERVALS_OUTPUT,
     return result, summary
 
 
+def devices_arg(text: str) -> int | str:
+    """`--devices`: a positive number of local devices, or "all"."""
+    if text == "all":
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"--devices takes a positive number or 'all', got "
+                                         f"{text!r}")
+    return count
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
@@ -140,16 +157,22 @@ def main(argv=None):
     parser.add_argument("--pooling", type=float, default=POOLING)
     parser.add_argument("--no-intervals", action="store_true",
                         help="do not write fitted_intervals.json")
+    parser.add_argument("--devices", type=devices_arg, default=None,
+                        help="split the InferenceMAX rows over this many local devices, or "
+                             "'all' (default: one device)")
     args = parser.parse_args(argv)
     rows, gemm, nccl = load_all()
     fitted, held = split(rows)
     write_heldout(held)
     start = time.time()
-    problem = cal.Calibration(rows, gemm, nccl)
+    problem = cal.Calibration(rows, gemm, nccl, devices=args.devices)
     data = shipped_fit(problem, fitted, held, gemm, nccl, args.out, args.max_steps,
                        args.pooling)
+    place = problem.end_to_end.placement
+    devices = 1 if place is None else place.count
     print(f"{data['result']} after {data['steps']} steps, loss {data['loss']:.6g}, "
-          f"{problem.batches} batches of rows, {time.time() - start:.0f} s -> {args.out}")
+          f"{problem.batches} batches of rows, {devices} device(s), "
+          f"{time.time() - start:.0f} s -> {args.out}")
     if not args.no_intervals and args.out == str(OUTPUT):
         fit_intervals(fitted, data, gemm, nccl)
         print(f"intervals -> {INTERVALS_OUTPUT}")

@@ -140,6 +140,9 @@ def main(argv=None):
     parser.add_argument("--chips", default=",".join(LOCO_CHIPS))
     parser.add_argument("--pooling", type=float, default=fitting.POOLING,
                         help="partial pooling scale of the families (<= 0: none)")
+    parser.add_argument("--devices", type=fitting.devices_arg, default=None,
+                        help="split the InferenceMAX rows of every fit and prediction over "
+                             "this many local devices, or 'all' (default: one device)")
     args = parser.parse_args(argv)
     pooling = args.pooling if args.pooling > 0 else None
     clock = {}
@@ -147,7 +150,7 @@ def main(argv=None):
     rows, gemm, nccl = fitting.load_all()
     fitted, held = fitting.split(rows)
     fitting.write_heldout(held)
-    problem = cal.Calibration(rows, gemm, nccl)
+    problem = cal.Calibration(rows, gemm, nccl, devices=args.devices)
     t = time.time()
     data = shipped.read(shipped.LATENCY_FILE) if args.no_refit else fitting.shipped_fit(
         problem, fitted, held, gemm, nccl, max_steps=args.max_steps, pooling=pooling)

@@ -48,7 +48,7 @@ from .params import (
     with_family,
 )
 from .predict import BATCH, PREDICTION_KEYS, linearize, predict_rows
-from .solve import DELTA, Calibration, LatencyFit, calibrate, fit
+from .solve import DELTA, Calibration, LatencyFit, calibrate, devices_placement, fit
 
 __all__ = [
     "BATCH", "DELTA", "E2E_KEYS", "INTERVAL_KEYS", "Intervals", "FAMILY_FALLBACK",
@@ -56,8 +56,8 @@ __all__ = [
     "FRAMEWORK_NAMES", "FRAMEWORK_SETTINGS", "METRIC_WEIGHTS", "OP_WEIGHT", "OUTPUTS",
     "POOLED", "PREDICTION_KEYS", "AbstractBlock", "Batch", "Calibration", "EndToEnd", "Group",
     "LatencyFit", "OpTimings", "Params", "Prior", "batches", "build_groups", "calibrate",
-    "family_values", "fit", "framework_rows", "framework_values", "from_json", "gemm_time",
-    "huber_loss", "huber_residuals", "linearize", "model_of", "outputs", "predict_rows",
-    "prior_row", "resolve_family", "resolve_framework", "row_inputs", "row_metrics",
-    "rowwise_jacobian", "to_json", "with_family",
+    "devices_placement", "family_values", "fit", "framework_rows", "framework_values",
+    "from_json", "gemm_time", "huber_loss", "huber_residuals", "linearize", "model_of",
+    "outputs", "predict_rows", "prior_row", "resolve_family", "resolve_framework",
+    "row_inputs", "row_metrics", "rowwise_jacobian", "to_json", "with_family",
 ]

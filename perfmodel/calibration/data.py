@@ -186,7 +186,35 @@ class Batch(eqx.Module):
 
     @property
     def size(self) -> int:
+        """Rows of the batch (its `indices`)."""
         return len(self.indices)
+
+    @property
+    def length(self) -> int:
+        """Rows its arrays hold: `size`, plus the padding of a sharded batch (`padded`)."""
+        return len(self.frameworks)
+
+    def padded(self, multiple: int, sharding=None) -> Batch:
+        """The batch with its rows padded to a multiple of `multiple` by copies of its last
+        row, so that the row axis splits evenly over `multiple` devices; its per-row arrays
+        placed with `sharding` (a `jax.sharding.NamedSharding` over the row axis) when given.
+
+        The copies are evaluated (finite, like the row they copy) but never fitted:
+        `latency.EndToEnd.order` does not select them, so they contribute no residual.
+        `indices` keeps the real rows; `frameworks` gains the copies' (`length`).
+        """
+        extra = -self.length % multiple
+
+        def pad(a):
+            return jnp.concatenate([a, jnp.repeat(a[-1:], extra, axis=0)]) if extra else a
+
+        inputs = {k: pad(v) for k, v in self.inputs.items()}
+        layouts = None if self.layouts is None else jax.tree_util.tree_map(pad, self.layouts)
+        if sharding is not None:
+            inputs, layouts = jax.device_put((inputs, layouts), sharding)
+        return Batch(model=self.model, chip=self.chip, design=self.design, layouts=layouts,
+                     inputs=inputs, family=self.family, indices=self.indices,
+                     frameworks=self.frameworks + self.frameworks[-1:] * extra)
 
 
 def _stack(layouts: Sequence[LayoutNumbers]) -> LayoutNumbers:

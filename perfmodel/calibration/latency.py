@@ -17,11 +17,17 @@ functions a JVP that takes each row's Jacobian in its own parameters by forward 
 contracts it with the tangent, so materialising the Jacobian of the whole residual (what
 `optimistix.LevenbergMarquardt` does every step) pushes 12 tangents through the model per
 row instead of 70.
+
+Sharding (`EndToEnd.sharded`): each batch's rows padded to a multiple of the device count
+and split over a 1-D mesh of local devices (`grid.shard.Placement`, `jax.shard_map`), so
+every device evaluates, and takes the Jacobians of, its share of the rows; the parameters,
+the gathered residuals and everything the solver does with them stay replicated.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -30,11 +36,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ..architecture import Model
 from ..datasets import GEMM_DTYPES, MTP_ACCEPTANCE, BenchRow
 from ..design import Design, Layout, Precision, Runtime, SpecDecode
 from ..formats import COMPUTE_CLASSES
+from ..grid.shard import Placement
 from ..hardware import Chip
 from ..interconnect import collective_time
 from ..presets import get_chip
@@ -276,6 +284,8 @@ class EndToEnd(AbstractBlock):
     """(rows,) position of each row among the batches' rows."""
     indices: tuple[int, ...] = eqx.field(static=True)
     """`BenchRow.index` of each row, in row order."""
+    placement: Placement | None = eqx.field(static=True, default=None)
+    """The devices the batches' rows are split over (`sharded`); None: one device."""
 
     @staticmethod
     def build(rows: Sequence[BenchRow]) -> tuple[EndToEnd, dict[int, str]]:
@@ -310,6 +320,32 @@ class EndToEnd(AbstractBlock):
         w = row_weights[:, None] * metric[None, :] * np.asarray(self.measured)
         return eqx.tree_at(lambda b: b.weights, self, jnp.asarray(w))
 
+    def sharded(self, placement: Placement) -> EndToEnd:
+        """The block with each batch's rows split over `placement`'s devices (on one
+        device, the block itself).
+
+        Each batch is padded to a multiple of the device count with copies of its last row
+        (`data.Batch.padded`), which `order` skips: they enter no residual, and the
+        residuals, their Jacobian and the auxiliary outputs have the shapes and the rows of
+        the one-device block.
+
+        Raises:
+            ValueError: the block is already sharded.
+        """
+        if self.placement is not None:
+            raise ValueError("EndToEnd.sharded: the block is already sharded over "
+                             f"{self.placement.count} devices")
+        if placement.count == 1:
+            return self
+        batches = tuple(b.padded(placement.count, placement.sharding) for b in self.batches)
+        # Stacked position of each batch row, before -> after padding.
+        where = np.concatenate([start + np.arange(b.size) for start, b in zip(
+            np.cumsum([0] + [b.length for b in batches[:-1]]), batches, strict=True)])
+        order = jnp.asarray(where[np.asarray(self.order)], dtype=int)
+        return EndToEnd(batches=batches, targets=self.targets, measured=self.measured,
+                        weights=self.weights, order=order, indices=self.indices,
+                        placement=placement)
+
     def parameter_rows(self, params: Params, fallback: dict | None = None,
                        strict: bool = True) -> tuple[jnp.ndarray, ...]:
         """Per batch, (rows, 12) unconstrained family and framework values of its rows.
@@ -333,7 +369,7 @@ class EndToEnd(AbstractBlock):
             names = [resolve_framework(f, params.frameworks) for f in b.frameworks]
             fw = np.array([params.frameworks.index(n) if n else len(params.frameworks)
                            for n in names])
-            out.append(jnp.concatenate([jnp.broadcast_to(fam, (b.size, _NF)), table[fw]],
+            out.append(jnp.concatenate([jnp.broadcast_to(fam, (b.length, _NF)), table[fw]],
                                        axis=1))
         return tuple(out)
 
@@ -345,9 +381,23 @@ class EndToEnd(AbstractBlock):
         plain vmapped model (values only: a third of the program)."""
         batch = _batch_outputs if differentiable else jax.vmap(_batch_row,
                                                                 in_axes=(0, 0, None))
-        values = [batch(x, (b.inputs, b.layouts), b)
+        if self.placement is None:
+            values = [batch(x, (b.inputs, b.layouts), b)
+                      for b, x in zip(self.batches, parameter_rows, strict=True)]
+            return jnp.concatenate(values)[self.order]
+
+        def kernel(points, b):
+            return batch(points[0], points[1:], b)
+
+        # The per-row arrays go in as the split points; the batch's specs (model, chip,
+        # design) are replicated without them.
+        values = [self.placement.map(kernel, (x, b.inputs, b.layouts),
+                                     dataclasses.replace(b, inputs={}, layouts=None))
                   for b, x in zip(self.batches, parameter_rows, strict=True)]
-        return jnp.concatenate(values)[self.order]
+        # Replicated from here: the solver's linear algebra is the one-device program's.
+        return jax.lax.with_sharding_constraint(
+            jnp.concatenate(values)[self.order],
+            NamedSharding(self.placement.mesh, PartitionSpec()))
 
     def __call__(self, params: Params):
         out = self.evaluate(self.parameter_rows(params))

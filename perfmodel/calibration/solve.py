@@ -14,6 +14,11 @@ with `vectorize=True`, each row's Jacobian is taken in its own 12 parameters
 (`latency.rowwise_jacobian`), and XLA:CPU's fusion emitters are off (`_CPU_COMPILER_OPTIONS`).
 Which rows and samples are fitted are weights (array leaves), so every refit on a subset
 (held-out, leave-one-chip-out) reuses the compiled program.
+
+Devices: `devices=` (on `fit` and `Calibration`) splits the end-to-end rows over a 1-D mesh
+of local devices (`latency.EndToEnd.sharded`): each device evaluates its rows and their
+Jacobians; the parameters and the Levenberg-Marquardt linear algebra stay replicated. The
+default (None) is the one-device program.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 import optimistix as optx
 
 from ..datasets import BenchRow
+from ..grid.shard import Placement, placement
 from ..presets import chip_key, get_chip
 from ..search.compile import compiler_options
 from ..solvers import RESULTS, check
@@ -107,9 +113,41 @@ def _jitted(fun):
     return eqx.filter_jit(fun, compiler_options=compiler_options(_CPU_COMPILER_OPTIONS))
 
 
+def devices_placement(devices: int | str | None) -> Placement | None:
+    """Where the end-to-end rows are evaluated: None (the default, one device), the first
+    `devices` local devices, or "all" of them; None when that is one device.
+
+    Raises:
+        ValueError: not None, a positive int or "all", or more devices than this process
+            has.
+
+    Example:
+        >>> devices_placement(None) is None, devices_placement(1) is None
+        (True, True)
+    """
+    if devices is None:
+        return None
+    if devices == "all":
+        place = placement(None)
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        place = placement(devices)
+    else:
+        raise ValueError(f"devices must be None, a number of local devices or 'all', got "
+                         f"{devices!r}")
+    return place if place.count > 1 else None
+
+
+def _placed(blocks, devices):
+    place = devices_placement(devices)
+    if place is None:
+        return tuple(blocks)
+    return tuple(b.sharded(place) if isinstance(b, EndToEnd) and b.placement is None else b
+                 for b in blocks)
+
+
 def fit(params: Params, blocks: Sequence[AbstractBlock], *, max_steps: int = 100,
         delta: float = DELTA, rtol: float = 1e-4, atol: float = 1e-4,
-        throw: bool = True) -> LatencyFit:
+        throw: bool = True, devices: int | str | None = None) -> LatencyFit:
     """Levenberg-Marquardt on the Huber-transformed residual blocks.
 
     Args:
@@ -120,6 +158,9 @@ def fit(params: Params, blocks: Sequence[AbstractBlock], *, max_steps: int = 100
         rtol, atol: stop when a step changes the parameters and the residuals by less than
             atol + rtol x their max norm.
         throw: raise `RuntimeError` when the result is not successful.
+        devices: split the `EndToEnd` blocks' rows over this many local devices, or "all"
+            (`devices_placement`); None (default): one device. Blocks already sharded
+            (`EndToEnd.sharded`) keep their devices.
 
     Returns:
         `LatencyFit` with the result code (`perfmodel.solvers.RESULTS`).
@@ -136,7 +177,7 @@ def fit(params: Params, blocks: Sequence[AbstractBlock], *, max_steps: int = 100
     """
     if not blocks:
         raise ValueError("fit needs at least one residual block")
-    out = _jitted(_solve)(params, tuple(blocks), jnp.asarray(delta, dtype=float),
+    out = _jitted(_solve)(params, _placed(blocks, devices), jnp.asarray(delta, dtype=float),
                           _solver(float(rtol), float(atol)), max_steps)
     check(out.result, "calibrate", throw,
           f"loss {float(out.loss):.6g} after {int(out.steps)} steps")
@@ -153,12 +194,15 @@ class Calibration:
     Args:
         rows: InferenceMAX rows with measurements (all of them: weights pick what is fitted).
         gemm, nccl: op-level samples (`datasets.load_gemm`, `datasets.load_nccl`).
+        devices: split the end-to-end rows over this many local devices, or "all", in every
+            fit and prediction (`devices_placement`); None (default): one device.
     """
 
     def __init__(self, rows: Sequence[BenchRow], gemm: Sequence[dict] = (),
-                 nccl: Sequence[dict] = ()):
+                 nccl: Sequence[dict] = (), devices: int | str | None = None):
         self.rows = list(rows)
         self.end_to_end, self.errors = EndToEnd.build(self.rows)
+        self.end_to_end = _placed([self.end_to_end], devices)[0]
         self.gemm = OpTimings.gemm(gemm) if gemm else None
         self.nccl = OpTimings.nccl(nccl) if nccl else None
         #: `BenchRow.index` -> position in `rows` (the order of `predict` and `fits`).
@@ -269,14 +313,15 @@ class Calibration:
 
 def calibrate(rows: Sequence[BenchRow], gemm: Sequence[dict] = (), nccl: Sequence[dict] = (),
               *, exclude_chip: str | None = None, max_steps: int = 100,
-              pooling: float | None = None, throw: bool = True) -> tuple[LatencyFit, tuple]:
+              pooling: float | None = None, throw: bool = True,
+              devices: int | str | None = None) -> tuple[LatencyFit, tuple]:
     """Fit the parameters of every family and framework the data covers (`Calibration`
-    refits subsets without recompiling).
+    refits subsets without recompiling; `devices` as there).
 
     Returns:
         (fit, families that had data).
     """
-    problem = Calibration(rows, gemm, nccl)
+    problem = Calibration(rows, gemm, nccl, devices=devices)
     result, families, _ = problem.fit(exclude_chip=exclude_chip, max_steps=max_steps,
                                       pooling=pooling, throw=throw)
     return result, families
