@@ -164,6 +164,9 @@ def _through_store(kernel: filter_jit, folder: str, args, kwargs):
     if key is None:
         return kernel.jitted(*args, **kwargs)
     path = os.path.join(folder, key + ".pkl")
+    skip = os.path.join(folder, key + ".skip")
+    if os.path.exists(skip):
+        return kernel.jitted(*args, **kwargs)
     if not os.path.exists(path):
         out_tree = []
 
@@ -182,6 +185,10 @@ def _through_store(kernel: filter_jit, folder: str, args, kwargs):
                 raise TypeError("the output tree does not round-trip")
         except (TypeError, ValueError, AttributeError, NotImplementedError,
                 pickle.PicklingError):
+            # Not exportable (a host callback, such as `eqx.error_if`'s run-time checks):
+            # remembered, so later runs trace once, as without a store.
+            os.makedirs(folder, exist_ok=True)
+            open(skip, "wb").close()
             return kernel.jitted(*args, **kwargs)
         os.makedirs(folder, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"

@@ -72,3 +72,21 @@ def test_store_beside_the_compilation_cache_only(monkeypatch, tmp_path):
         assert kc.traced_store() is None
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+def _checked_kernel(x):
+    return eqx.error_if(x, x < 0, "x must be non-negative") * 2.0
+
+
+checked = kc.filter_jit(_checked_kernel)
+
+
+def test_a_kernel_with_runtime_checks_is_remembered_as_not_stored(store):
+    """Host callbacks do not export: the kernel runs as plain `filter_jit`, and the key is
+    marked so later processes do not try again."""
+    np.testing.assert_array_equal(checked(jnp.arange(3.0)), 2.0 * jnp.arange(3.0))
+    (entry,) = os.listdir(store)
+    assert entry.endswith(".skip")
+    np.testing.assert_array_equal(checked(jnp.arange(3.0)), 2.0 * jnp.arange(3.0))
+    with pytest.raises(Exception, match="non-negative"):
+        checked(-jnp.ones(3))
