@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import fitted as fitted_params
 from ..architecture import Model
+from ..compiled import filter_jit
 from ..design import Design, Layout, Runtime, precision
 from ..hardware import Chip
 from ..kvcache import profile_activation_bytes
@@ -219,7 +220,7 @@ def groups_of(specs: list[RowSpec]) -> list[list[RowSpec]]:
     return list(groups.values())
 
 
-@eqx.filter_jit
+@filter_jit   # through the traced-program store: a warm `perfmodel predict` does not trace
 def _predict_group(model, chip, workload, design):
     # vectorize: the same numbers, compiled about 25% faster for a group of a few rows
     # (measured: 10 groups in 36 s against 47 s).
