@@ -51,7 +51,7 @@ from . import fitted
 from .design import Design, SliceMapping, SpecDecode, precision
 from .presets import chip_key, get_chip, get_model
 from .serving import predict
-from .sweep import _batch_that_fits, candidate_layouts
+from .sweep import batch_that_fits, candidate_layouts
 from .workload import Workload
 
 LENGTHS_FILE = "mlperf_lengths.csv"
@@ -287,7 +287,7 @@ def _configurations(structure: tuple) -> Configurations:
     labels, chips, conc, parts = [], [], [], []
     for layout in layouts:
         single = dataclasses.replace(layout, replicas=1)
-        fit = _batch_that_fits(model, chip, prec, runtime, layout,
+        fit = batch_that_fits(model, chip, prec, runtime, layout,
                                spec.input_len + spec.output_len / 2.0)
         grid = np.minimum(np.asarray(GRID), max(math.floor(fit), 1.0))
         grid[-1] = max(math.floor(fit), 1.0)

@@ -150,13 +150,13 @@ def _fit(model: Model, key: tuple[float, ...], tp: int, ep: int, pp: int, dpa: b
                            slices))
 
 
-def _batch_that_fits(model, chip, prec, runtime, layout, context) -> float:
+def batch_that_fits(model, chip, prec, runtime, layout, context) -> float:
     """Sequences per replica whose KV fits (kvcache.max_batch), cached per layout shape."""
     return _fit(model, _memory_key(chip, prec, runtime), layout.tp, layout.ep, layout.pp,
                 layout.dp_attention, context)
 
 
-def _shapes(model: Model, chip: Chip):
+def layout_shapes(model: Model, chip: Chip):
     """(tp, ep, dp_attention) candidates, before memory and chip-count checks."""
     tp = 1
     while tp <= chip.domain_size:
@@ -210,7 +210,7 @@ def candidate_layouts(model: Model | str, chip: Chip | str, chips: int,
     runtime = runtime if runtime is not None else default_runtime(chip)
     context = _context(workload)
     found = []
-    for tp, ep, dpa in _shapes(model, chip):
+    for tp, ep, dpa in layout_shapes(model, chip):
         if tp > chips:
             break
         pp = 1
@@ -218,7 +218,7 @@ def candidate_layouts(model: Model | str, chip: Chip | str, chips: int,
             if chips % (tp * pp) == 0:
                 layout = Layout(tp=tp, ep=ep, pp=pp, dp_attention=dpa,
                                 replicas=chips // (tp * pp))
-                if _batch_that_fits(model, chip, prec, runtime, layout, context) >= min_batch:
+                if batch_that_fits(model, chip, prec, runtime, layout, context) >= min_batch:
                     found.append(layout)
                     break
             pp *= 2
@@ -263,7 +263,7 @@ def auto_chips(model: Model | str, chip: Chip | str, precision: Precision | str 
     best, best_chips = 0.0, None
     chips = 1
     while chips <= max_chips:
-        fits = [_batch_that_fits(model, chip, prec, runtime, layout, context)
+        fits = [batch_that_fits(model, chip, prec, runtime, layout, context)
                 for layout in candidate_layouts(model, chip, chips, workload, prec, runtime)]
         batch = max(fits, default=0.0)
         if batch >= min_batch:
@@ -480,7 +480,7 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
 def _layout_grid(model, chip, prec, runtime, layout, grid, context):
     """(concurrencies per replica, the batch that fits): the grid plus the largest batch
     that fits, where it is below the grid's top."""
-    fit = _batch_that_fits(model, chip, prec, runtime, layout, context)
+    fit = batch_that_fits(model, chip, prec, runtime, layout, context)
     cap = float(np.floor(fit))
     per_replica = np.unique(np.concatenate([grid, [cap]])) if cap < grid.max() else grid
     return per_replica, fit

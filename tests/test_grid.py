@@ -153,10 +153,6 @@ def test_feasible_rows_match_predict(reference):
             float(m.throughput_per_chip), rel=1e-12)
 
 
-class Stop(Exception):
-    pass
-
-
 @pytest.mark.parametrize("ext", ["csv", "parquet"])
 def test_interrupted_then_resumed_equals_uninterrupted(reference, tmp_path, ext):
     if ext == "parquet":

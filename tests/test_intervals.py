@@ -133,8 +133,7 @@ def test_json_round_trip_and_framework_scales():
 
 def test_shipped_intervals_match_the_shipped_fit():
     data = fitted.read(iv.INTERVAL_FILE)
-    if not data:
-        pytest.skip("no fitted_intervals.json shipped")
+    assert data, "perfmodel/data/fitted_intervals.json is shipped with the fit"
     intervals = iv.Intervals.from_json(data)
     params = from_json(fitted.read(fitted.LATENCY_FILE))
     assert intervals.names == iv.parameter_names(params)

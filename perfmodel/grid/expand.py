@@ -23,7 +23,7 @@ from ..design import Layout, Precision, Runtime, precision
 from ..hardware import Chip
 from ..presets import find_model, get_chip
 from ..serving import check_layout
-from ..sweep import _shapes, default_precision, default_runtime
+from ..sweep import default_precision, default_runtime, layout_shapes
 from .spec import SweepSpec
 
 
@@ -85,7 +85,7 @@ def all_layouts(model: Model, chip: Chip, chips: int) -> tuple[Layout, ...]:
         ['4xtp1', '2xtp1-pp2', 'tp1-pp4', '2xtp2', 'tp2-pp2', 'tp4']
     """
     out = []
-    for tp, ep, dpa in _shapes(model, chip):
+    for tp, ep, dpa in layout_shapes(model, chip):
         pp = 1
         while tp * pp <= chips and pp <= model.num_layers:
             if chips % (tp * pp) == 0:
