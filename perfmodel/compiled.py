@@ -62,6 +62,8 @@ class filter_jit:
 
     def __init__(self, fun, options=dict):
         self.fun, self.options = fun, options
+        self.lowered = {}
+        """`lower`'s kernels by their static arguments and array types."""
         functools.update_wrapper(self, fun)
 
     def compiler_options(self) -> dict | None:
@@ -76,6 +78,112 @@ class filter_jit:
         if folder is None:
             return self.jitted(*args, **kwargs)
         return _through_store(self, folder, args, kwargs)
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        """Trace (or load from the store) and lower the kernel for these arguments, without
+        compiling it. Array leaves may be `jax.ShapeDtypeStruct`s (the `out_shapes` of an
+        earlier kernel), so a chain of kernels can be lowered before any of them runs and
+        compiled side by side (`side_by_side`)."""
+        dynamic, static = eqx.partition((args, kwargs), _is_dynamic)
+        leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+        # As jit's own cache: the same static arguments and array types lower (and compile)
+        # once per process.
+        key = (treedef, jax.tree_util.tree_structure(static),
+               tuple(jax.tree_util.tree_leaves(static)),
+               tuple((x.shape, str(x.dtype), bool(getattr(x, "weak_type", False)))
+                     for x in leaves))
+        if key not in self.lowered:
+            self.lowered[key] = self._lower(static, leaves, treedef)
+        return self.lowered[key]
+
+    def _lower(self, static, leaves, treedef) -> Lowered:
+        options = self.compiler_options()
+        folder = traced_store()
+        loaded = _stored(self, folder, static, treedef, leaves) if folder else None
+        if loaded is not None:
+            out_tree, call = loaded
+            return Lowered(call.lower(*leaves), out_tree, treedef)
+        out_tree = []
+
+        def flat(*xs):
+            a, k = eqx.combine(jax.tree_util.tree_unflatten(treedef, xs), static)
+            out, tree = jax.tree_util.tree_flatten(self.fun(*a, **k))
+            out_tree.append(tree)
+            return out
+
+        lowered = jax.jit(flat, compiler_options=options).lower(*leaves)
+        return Lowered(lowered, out_tree[0], treedef)
+
+
+def _is_dynamic(x) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+class Lowered:
+    """A lowered kernel (`filter_jit.lower`): `compile()` it (thread-safe: XLA compiles
+    without holding Python's lock), then call it with concrete arguments of the shapes it
+    was lowered for; `out_shapes` is its output as `jax.ShapeDtypeStruct`s."""
+
+    def __init__(self, lowered, out_tree, treedef):
+        self.lowered, self.out_tree, self.treedef = lowered, out_tree, treedef
+        self.compiled = None
+
+    @property
+    def out_shapes(self):
+        return jax.tree_util.tree_unflatten(self.out_tree, list(self.lowered.out_info))
+
+    def compile(self) -> Lowered:
+        if self.compiled is None:
+            self.compiled = self.lowered.compile()
+        return self
+
+    def __call__(self, *args, **kwargs):
+        dynamic, _ = eqx.partition((args, kwargs), eqx.is_array)
+        leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+        if treedef != self.treedef:
+            raise ValueError("a lowered kernel was called with arguments of another structure "
+                             "than it was lowered for")
+        return jax.tree_util.tree_unflatten(self.out_tree, self.compile().compiled(*leaves))
+
+
+class side_by_side:
+    """Compile lowered kernels side by side while the caller goes on (tracing the next
+    one): `submit(lowered)` starts its compilation on a thread of a pool of `threads`
+    (default: the cores) and returns it; leaving the `with` block waits for every
+    compilation (and raises the first error). XLA:CPU compiles a kernel on one thread and
+    releases Python's lock while it does, so on two idle cores two kernels compile in about
+    the time of the longer one, and a kernel compiles while the next is traced; a cached
+    executable (the persistent compilation cache) only loads.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> double = filter_jit(lambda x: 2.0 * x)
+        >>> with side_by_side() as compiler:
+        ...     kernel = compiler.submit(double.lower(jnp.zeros(3)))
+        >>> kernel(jnp.ones(3)).tolist()
+        [2.0, 2.0, 2.0]
+    """
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads or os.cpu_count() or 1
+
+    def __enter__(self):
+        from concurrent.futures import ThreadPoolExecutor
+        self.pool = ThreadPoolExecutor(max_workers=self.threads)
+        self.futures = []
+        return self
+
+    def submit(self, lowered: Lowered) -> Lowered:
+        self.futures.append(self.pool.submit(lowered.compile))
+        return lowered
+
+    def __exit__(self, *exc):
+        try:
+            for future in self.futures:
+                future.result()
+        finally:
+            self.pool.shutdown()
+        return False
 
 
 # A warm command still traces its kernels: the persistent compilation cache is keyed on the
@@ -160,13 +268,24 @@ def _load_version(path: str, options, mtime_ns: int, size: int):
 def _through_store(kernel: filter_jit, folder: str, args, kwargs):
     dynamic, static = eqx.partition((args, kwargs), eqx.is_array)
     leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+    loaded = _stored(kernel, folder, static, treedef, leaves)
+    if loaded is None:
+        return kernel.jitted(*args, **kwargs)
+    out_tree, call = loaded
+    return jax.tree_util.tree_unflatten(out_tree, call(*leaves))
+
+
+def _stored(kernel: filter_jit, folder: str, static, treedef, leaves):
+    """(output tree, jitted call of the exported program) of the kernel from the store,
+    traced and exported first when it is not there; None when the kernel cannot go
+    through the store (then it is traced as without one)."""
     key = _key(kernel, static, treedef, leaves) if _register_sentinel() else None
     if key is None:
-        return kernel.jitted(*args, **kwargs)
+        return None
     path = os.path.join(folder, key + ".pkl")
     skip = os.path.join(folder, key + ".skip")
     if os.path.exists(skip):
-        return kernel.jitted(*args, **kwargs)
+        return None
     if not os.path.exists(path):
         out_tree = []
 
@@ -189,15 +308,14 @@ def _through_store(kernel: filter_jit, folder: str, args, kwargs):
             # remembered, so later runs trace once, as without a store.
             os.makedirs(folder, exist_ok=True)
             open(skip, "wb").close()
-            return kernel.jitted(*args, **kwargs)
+            return None
         os.makedirs(folder, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "wb") as fh:
             fh.write(blob)
         os.replace(tmp, path)
     try:
-        out_tree, call = _load(path, kernel.compiler_options())
+        return _load(path, kernel.compiler_options())
     except Exception:   # a torn or foreign file: trace and compile as without a store
         os.remove(path)
-        return kernel.jitted(*args, **kwargs)
-    return jax.tree_util.tree_unflatten(out_tree, call(*leaves))
+        return None

@@ -90,3 +90,46 @@ def test_a_kernel_with_runtime_checks_is_remembered_as_not_stored(store):
     np.testing.assert_array_equal(checked(jnp.arange(3.0)), 2.0 * jnp.arange(3.0))
     with pytest.raises(Exception, match="non-negative"):
         checked(-jnp.ones(3))
+
+
+def _chain(with_store: bool, tmp_path, monkeypatch):
+    """Two kernels lowered before either runs, the second on the first's `out_shapes`,
+    compiled side by side, then run: the outputs of calling them one after the other."""
+    folder = tmp_path / ("traced" if with_store else "none")
+    monkeypatch.setattr(kc, "traced_store", lambda: str(folder) if with_store else None)
+    m, x = Scale(jnp.asarray(2.0), 2), jnp.arange(4.0)
+    second = kc.filter_jit(lambda out, m: {"z": out["y"] * m.factor - out["n"]})
+    with kc.side_by_side() as compiler:
+        a = compiler.submit(kernel.lower(m, x, 1.0))
+        b = compiler.submit(second.lower(a.out_shapes, m))
+    assert a.compiled is not None and b.compiled is not None
+    got = b(a(m, x, 1.0), m)["z"]
+    np.testing.assert_array_equal(got, second(kernel(m, x, 1.0), m)["z"])
+    np.testing.assert_array_equal(got, (2.0 * x ** 2 + 1.0) * 2.0 - 6.0)
+    return folder
+
+
+@pytest.mark.parametrize("with_store", [False, True])
+def test_lowered_chain_compiled_side_by_side_matches_calls(with_store, tmp_path, monkeypatch):
+    folder = _chain(with_store, tmp_path, monkeypatch)
+    # Through the store, `lower` writes the same entries a call would (one per kernel).
+    assert (len(os.listdir(folder)) == 2) if with_store else not folder.exists()
+
+
+def test_lowered_kernel_refuses_another_structure():
+    lowered = kernel.lower(Scale(jnp.asarray(2.0), 2), jax.ShapeDtypeStruct((4,), float), 1.0)
+    with pytest.raises(ValueError, match="another structure"):
+        lowered(Scale(jnp.asarray(2.0), 2), {"x": jnp.arange(4.0)}, 1.0)
+
+
+def test_side_by_side_raises_a_failed_compilation():
+    class Boom(kc.Lowered):
+        def __init__(self):
+            pass
+
+        def compile(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with kc.side_by_side() as compiler:
+            compiler.submit(Boom())

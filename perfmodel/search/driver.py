@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..architecture import Model
+from ..compiled import side_by_side
 from ..design import Design, Layout, LayoutNumbers
 from ..hardware import Chip
 from ..progress import bar
@@ -69,14 +70,24 @@ class _Branches(eqx.Module):
     sensitivity: Sensitivity
 
 
+# A search is two kernels, the relaxed search (`_relax`, a reverse-mode loop) and what
+# follows it (`_refine`: hardening, the multipliers, the sensitivities), lowered one after
+# the other and compiled side by side (`compiled.side_by_side`): compilation is most of a
+# cold search, and XLA:CPU compiles each kernel on one core.
+
+
+def _unravel(starts: Relaxed):
+    return jax.flatten_util.ravel_pytree(jax.tree_util.tree_map(lambda x: x[0], starts))[1]
+
+
 @search_kernel
-def _search(prob: Problem, layouts, solver: AugmentedLagrangian, starts: Relaxed,
-            moves: Neighbourhood, max_moves, keep: int) -> _Branches:
-    """The search of one kernel: `layouts` is one static layout or `LayoutNumbers` with a
-    leading layout axis; `starts` has a leading axis of starts."""
+def _relax(prob: Problem, layouts, solver: AugmentedLagrangian, starts: Relaxed):
+    """The relaxed search of one kernel: `layouts` is one static layout or `LayoutNumbers`
+    with a leading layout axis; `starts` has a leading axis of starts. Returns (y, state),
+    each with leading (layout, start) axes."""
     stacked = isinstance(layouts, LayoutNumbers)
     flat_starts = jax.vmap(lambda p: jax.flatten_util.ravel_pytree(p)[0])(starts)
-    _, unravel = jax.flatten_util.ravel_pytree(jax.tree_util.tree_map(lambda x: x[0], starts))
+    unravel = _unravel(starts)
 
     def fn(y, layout, temperature):
         out = prob.evaluate(layout, unravel(y).choice(prob.tables, temperature))
@@ -88,8 +99,18 @@ def _search(prob: Problem, layouts, solver: AugmentedLagrangian, starts: Relaxed
     y = jnp.tile(flat_starts, (n_layouts, 1))
     args = jax.tree_util.tree_map(lambda x: jnp.repeat(x, n_starts, axis=0), layouts)
     y, state = run(solver, fn, y, args, batched=True, batched_args=stacked)
-    y, state = jax.tree_util.tree_map(lambda x: x.reshape(n_layouts, n_starts, *x.shape[1:]),
-                                      (y, state))
+    return jax.tree_util.tree_map(lambda x: x.reshape(n_layouts, n_starts, *x.shape[1:]),
+                                  (y, state))
+
+
+@search_kernel
+def _refine(prob: Problem, layouts, solver: AugmentedLagrangian, starts: Relaxed, relaxed,
+            moves: Neighbourhood, max_moves, keep: int) -> _Branches:
+    """Hardening, multipliers and sensitivities of one kernel's relaxed search (`relaxed`,
+    the output of `_relax` on the same arguments)."""
+    stacked = isinstance(layouts, LayoutNumbers)
+    unravel = _unravel(starts)
+    y, state = relaxed
     rounded = jax.vmap(jax.vmap(lambda flat: unravel(flat).nearest(prob.tables)))(y)
     found = harden(prob, layouts, rounded, jnp.min(state.loss, axis=1), keep, moves,
                    max_moves)
@@ -314,15 +335,26 @@ def optimize(model: Model, chip: Chip, workload: Workload, space: Space, tgt: Ta
     moves = neighbourhood(space.sizes)
     max_moves = np.asarray(max_iterations, dtype=np.int32)
     groups = _groups(space)
-    # Every kernel is dispatched before any result is read.
-    pending = []
-    with bar(len(groups), "search", progress, unit="kernel") as shown:
-        for members, argument in groups:
-            keep = len(members) if keep_layouts is None or not isinstance(members[0], Layout) \
-                else min(keep_layouts, len(members))
-            pending.append(_search(prob, argument, solver, initial, moves, max_moves, keep))
-            shown.update(1)
+    # Each kernel compiles while the next is traced, side by side with the others; every
+    # kernel is dispatched before any result is read.
+    with bar(2 * len(groups) + 1, "search", progress, unit="kernel") as shown:
+        kernels = []
+        with side_by_side() as compiler:
+            for members, argument in groups:
+                keep = len(members) if keep_layouts is None \
+                    or not isinstance(members[0], Layout) else min(keep_layouts, len(members))
+                relax = compiler.submit(_relax.lower(prob, argument, solver, initial))
+                shown.update(1)
+                refine = compiler.submit(_refine.lower(prob, argument, solver, initial,
+                                                       relax.out_shapes, moves, max_moves,
+                                                       keep))
+                shown.update(1)
+                kernels.append((argument, keep, relax, refine))
+        pending = [refine(prob, argument, solver, initial,
+                          relax(prob, argument, solver, initial), moves, max_moves, keep)
+                   for argument, keep, relax, refine in kernels]
         outputs = jax.device_get(pending)
+        shown.update(1)
     return _report(space, chip, groups, outputs, solver, prob, objective, binding_tol,
                    throw, t0)
 
