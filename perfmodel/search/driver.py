@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..architecture import Model
-from ..compiled import side_by_side
+from ..compiled import filter_jit, side_by_side
 from ..design import Design, Layout, LayoutNumbers
 from ..hardware import Chip
 from ..progress import bar
@@ -127,6 +127,11 @@ def _refine(prob: Problem, layouts, solver: AugmentedLagrangian, starts: Relaxed
                      best=best, sensitivity=sensitivity(prob, best_layout, index))
 
 
+@filter_jit   # one small kernel (cached with the search's) instead of ~20 eager operations
+def _materialized(chip: Chip, grid, layout, index):
+    return materialize(chip, grid, layout, index.choice(grid))
+
+
 @dataclasses.dataclass
 class OptimizeResult:
     """Hardened design and its relaxed counterpart.
@@ -186,8 +191,7 @@ class OptimizeResult:
         if self.spec_args is None:
             return None
         space, chip, layout, index = self.spec_args
-        grid = tables(space, chip)
-        capped, design, _ = materialize(chip, grid, layout, index.choice(grid))
+        capped, design, _ = _materialized(chip, tables(space, chip), layout, index)
         names = (space.weights[int(index.weights)], space.experts[int(index.experts)],
                  space.kv[int(index.kv)])
         precision = dataclasses.replace(design.precision, names=names)
