@@ -121,6 +121,8 @@ def test_fit_reports_identification(synthetic):
     row = fit.report()
     assert row["inferred_result"] == "successful"
     assert row["inferred_memory_latency_identified"] is False
+    assert row["inferred_step_overhead_prior"] == pytest.approx(1e-3)    # the centre
+    assert row["inferred_step_overhead"] == pytest.approx(1e-3 * np.exp(0.5), rel=0.05)
     assert row["inferred_step_overhead_posterior_width"] < row[
         "inferred_step_overhead_prior_width"]
 

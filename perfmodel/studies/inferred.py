@@ -278,6 +278,8 @@ class Inference(eqx.Module):
     """Half the sum of squared whitened residuals at `params` (dimensionless)."""
     steps: jnp.ndarray
     """Levenberg-Marquardt steps taken, accepted or rejected."""
+    centre: InferredParams
+    """The prior centre (the predicted-mode chip and runtime), unconstrained."""
     prior_width: jnp.ndarray
     """Per parameter (`INFERRED` order), its prior width (unconstrained units)."""
     posterior_width: jnp.ndarray
@@ -299,13 +301,15 @@ class Inference(eqx.Module):
                                                               strict=True)}
 
     def report(self, prefix: str = "inferred_") -> dict:
-        """Flat row entries: per parameter its value (s or fraction), prior and posterior
-        widths, their ratio and whether it is identified; the loss and result code."""
+        """Flat row entries: per parameter its value and prior centre (s or fraction),
+        prior and posterior widths (log or logit units), their ratio and whether it is
+        identified; the loss and the result's message ("successful" on success)."""
         out = {}
-        values = self.params.values()
+        values, centre = self.params.values(), self.centre.values()
         for k, prior, post in zip(INFERRED, self.prior_width, self.posterior_width,
                                   strict=True):
             out[prefix + k] = values[k]
+            out[f"{prefix}{k}_prior"] = centre[k]
             out[f"{prefix}{k}_prior_width"] = float(prior)
             out[f"{prefix}{k}_posterior_width"] = float(post)
             out[f"{prefix}{k}_width_ratio"] = float(post / prior)
@@ -332,7 +336,8 @@ def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
     misses = r[:2 * targets].reshape(targets, 2) * problem.data_width
     chip, runtime = apply(params, problem.chip, problem.runtime)
     return Inference(params=params, chip=chip, runtime=runtime, result=result, loss=loss,
-                     steps=solution.stats["num_steps"], prior_width=problem.width.flat(),
+                     steps=solution.stats["num_steps"], centre=problem.centre,
+                     prior_width=problem.width.flat(),
                      posterior_width=posterior, misses=misses)
 
 
