@@ -142,11 +142,27 @@ def test_nonfinite_residual_is_not_silent(synthetic):
 
 def test_residuals_jitted_agree_with_eager(synthetic):
     targets, fit = synthetic
+    # One target: the eager serving model runs op by op (seconds per target).
+    problem = Problem(targets=tuple(targets[:1]), chip=CHIP, runtime=RUNTIME,
+                      workload=WORKLOAD, centre=InferredParams.of(CHIP, RUNTIME),
+                      width=InferredParams.widths(WIDTHS), data_width=jnp.asarray(DATA_WIDTH))
+    eager = residuals(fit.params, problem)
+    np.testing.assert_allclose(eqx.filter_jit(residuals)(fit.params, problem), eager,
+                               rtol=1e-9, atol=1e-12)
+    assert eager.shape == (2 + len(INFERRED),)
+    # Fitted on exact ratios: the data residuals are small, the prior ones are the
+    # parameters' distances from the centre in widths.
+    np.testing.assert_allclose(eager[2:], (fit.params.flat() - fit.centre.flat())
+                               / InferredParams.widths(WIDTHS).flat(), rtol=1e-12)
+
+
+def test_posterior_widths_are_those_of_a_fresh_jacobian(synthetic):
+    """`infer` reads the Jacobian from the solver's state: it is that of the solution."""
+    targets, fit = synthetic
     problem = Problem(targets=tuple(targets), chip=CHIP, runtime=RUNTIME, workload=WORKLOAD,
                       centre=InferredParams.of(CHIP, RUNTIME),
                       width=InferredParams.widths(WIDTHS),
                       data_width=jnp.asarray(DATA_WIDTH))
-    eager = residuals(fit.params, problem)
-    np.testing.assert_allclose(eqx.filter_jit(residuals)(fit.params, problem), eager,
-                               rtol=1e-9, atol=1e-12)
-    assert eager.shape == (2 * len(targets) + len(INFERRED),)
+    jac = eqx.filter_jit(jax.jacfwd(residuals))(fit.params, problem).flat().T
+    np.testing.assert_allclose(fit.posterior_width,
+                               np.sqrt(np.diag(np.linalg.inv(jac.T @ jac))), rtol=1e-6)

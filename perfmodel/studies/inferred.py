@@ -14,12 +14,12 @@ Residuals (`residuals`), each a number of standard deviations:
 - per reported pair (`Target`: one model at its predicted peak point, a single replica of
   the sweep's peak layout at its requests per replica), the log miss of the tokens/s per kW
   ratio and of the E2E ratio against the reported ones, over `DATA_WIDTH` (0.1: the ratios
-  are rounded to one decimal, up to 3.3 %, and the model's own error on held-out GPU rows is
-  about 10 %);
+  are rounded to one decimal, up to 3.3 %, and the model's median error on a chip left out
+  of its fit is about 12 %, README "leave-one-chip-out");
 - per parameter, its distance from the prior centre (the predicted-mode value: GPU-fitted
   efficiencies, the generic runtime) over its prior width (`PRIOR_WIDTH`, in its own
-  unconstrained coordinate: 1 is a factor e on a time and about 0.2 on a fraction near
-  1/2).
+  unconstrained coordinate: 1 is a factor e on a time, and about 0.25 on a fraction near
+  1/2, less towards 0 or 1).
 
 Solver: `optimistix.least_squares` with `optimistix.LevenbergMarquardt`, Jacobians by
 forward mode (`options={"jac": "fwd"}`: five tangents, and reverse mode gave NaN gradients of
@@ -34,8 +34,15 @@ residuals (data and prior rows). `Inference.posterior_width` is the square root 
 diagonal, and `Inference.width_ratio` the posterior over the prior width: near 0 the
 reported ratios pin the parameter down; near 1 they say nothing about it beyond the prior.
 A parameter is reported identified when the ratio is below `IDENTIFIED_BELOW` (0.5: the
-data at least halve its uncertainty). With two ratios per model and five parameters, some
-combinations are left to the prior by construction.
+data at least halve its uncertainty).
+
+What the data can say: at a fixed number of requests per chip a model's two ratios are the
+same function of these parameters up to a constant (Little's law: tokens/s per kW is
+requests x tokens per request / E2E / TDP), so each reported pair constrains one
+combination of the five, through two residuals whose Jacobian rows are equal. Where a pair
+asks for more per-kW gain and more latency gain than Little's law allows at the peak's
+requests per chip (`jalapeno.consistency`: all three reported pairs), no parameter value
+matches both, and the fit splits the miss between them.
 """
 
 from __future__ import annotations
@@ -323,8 +330,10 @@ def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
     solution = optx.least_squares(residuals, solver, start, args=problem,
                                   options={"jac": "fwd"}, max_steps=max_steps, throw=False)
     params = solution.value
-    # The Jacobian at the accepted iterate by forward mode, once more: optimistix keeps a
-    # linearisation, whose transpose would run the reverse pass that gave NaN.
+    # The residuals and Jacobian of the accepted iterate (`solution.value`): the state keeps
+    # its forward-mode linearisation, materialised here by five jvps, so the solve's
+    # program is not linearised a second time (tests/test_inferred.py checks it against
+    # jax.jacfwd at the solution).
     r = solution.state.f_info.residual
     jac = solution.state.f_info.jac.as_matrix()
     covariance = jnp.linalg.inv(jac.T @ jac)
@@ -358,7 +367,7 @@ _solve_jit = eqx.filter_jit(_solve)
 
 def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *,
           start: InferredParams | None = None, widths: dict | None = None,
-          data_width: float = DATA_WIDTH, max_steps: int = 50, rtol: float = 1e-6,
+          data_width: float = DATA_WIDTH, max_steps: int = 100, rtol: float = 1e-6,
           atol: float = 1e-6, throw: bool = True) -> Inference:
     """Fit `INFERRED` parameters to reported ratios (Levenberg-Marquardt; module docstring).
 
