@@ -83,6 +83,9 @@ def test_invalid_widths_and_targets_raise():
         InferredParams.widths({"step_overhead": 0.0})
     with pytest.raises(ValueError, match="target"):
         infer(CHIP, RUNTIME, [], WORKLOAD)
+    edge = eqx.tree_at(lambda c: c.efficiency.bandwidth_max, CHIP, jnp.asarray(1.0))
+    with pytest.raises(ValueError, match="chip.efficiency.bandwidth_max"):
+        infer(edge, RUNTIME, _targets((1.0,) * 3, (1.0,) * 3), WORKLOAD)
     with pytest.raises(ValueError, match="data_width"):
         infer(CHIP, RUNTIME, _targets((1.0,) * 3, (1.0,) * 3), WORKLOAD, data_width=-1.0)
 

@@ -229,8 +229,18 @@ def peak_metrics(target: Target, chip: Chip, runtime: Runtime, workload: Workloa
 
 def ratios(params: InferredParams, targets, chip: Chip, runtime: Runtime,
            workload: Workload) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Predicted (tokens/s per kW ratios, E2E ratios) of `targets` against their baselines,
-    with `params` applied to `chip` and `runtime` (arrays of one entry per target)."""
+    """The ratios `params` predict at each target's peak point (traceable).
+
+    Args:
+        params: the fitted parameters, applied to `chip` and `runtime` (`apply`).
+        targets: `Target`s (their layouts, concurrencies and baselines; the reported
+            ratios are not read).
+        chip, runtime, workload: the rest of the prediction.
+
+    Returns:
+        (tokens/s per kW ratios, chip over baseline; E2E ratios, baseline over chip), each
+        of shape (targets,), dimensionless.
+    """
     chip, runtime = apply(params, chip, runtime)
     kw, e2e = [], []
     for t in targets:
@@ -244,11 +254,13 @@ class Problem(eqx.Module):
     """Everything `residuals` reads besides the parameters: the fit's data and prior."""
 
     targets: tuple[Target, ...]
+    """The reported pairs."""
     chip: Chip
     """The prior chip (predicted mode)."""
     runtime: Runtime
     """The prior runtime."""
     workload: Workload
+    """Request lengths."""
     centre: InferredParams
     """Prior centre (unconstrained)."""
     width: InferredParams
@@ -258,8 +270,13 @@ class Problem(eqx.Module):
 
 
 def residuals(params: InferredParams, problem: Problem) -> jnp.ndarray:
-    """Whitened residuals (see the module docstring): per target the log misses of the two
-    ratios over the data width, then per parameter its prior distance over its width."""
+    """Whitened residuals of the fit (module docstring; traceable).
+
+    Returns:
+        Shape (2 x targets + 5,), in standard deviations: per target the log misses of its
+        tokens/s per kW and E2E ratios over the data width, then per parameter (`INFERRED`
+        order) its distance from the prior centre over its prior width.
+    """
     kw, e2e = ratios(params, problem.targets, problem.chip, problem.runtime, problem.workload)
     reported_kw = jnp.stack([t.reported_kw for t in problem.targets])
     reported_e2e = jnp.stack([t.reported_e2e for t in problem.targets])
@@ -390,7 +407,8 @@ def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *,
         each parameter.
 
     Raises:
-        ValueError: no targets, a bad prior width or data width.
+        ValueError: no targets, a bad prior width or data width, or a prior centre at the
+            edge of its domain (a zero time, a fraction of 0 or 1).
         RuntimeError: with `throw`, the fit did not succeed (step limit, non-finite
             residuals or Jacobian).
 
@@ -410,6 +428,11 @@ def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *,
     if not data_width > 0:
         raise ValueError(f"data_width is {data_width!r}: give a positive width (log units)")
     centre = InferredParams.of(chip, runtime)
+    for name, value in zip(INFERRED, centre.flat(), strict=True):
+        if not jnp.isfinite(value):
+            where = "runtime" if name == "step_overhead" else "chip.efficiency"
+            raise ValueError(f"{where}.{name} is {centre.values()[name]!r}: the prior centre "
+                             "needs a positive time, or a fraction strictly between 0 and 1")
     problem = Problem(targets=targets, chip=chip, runtime=runtime, workload=workload,
                       centre=centre, width=InferredParams.widths(widths),
                       data_width=jnp.asarray(float(data_width)))
