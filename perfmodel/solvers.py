@@ -19,8 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import equinox as eqx
-import jax
 import optimistix as optx
 
 
@@ -43,31 +41,6 @@ def message(result) -> str:
 def succeeded(result) -> bool:
     """Whether a (concrete) result code is `RESULTS.successful`."""
     return bool(_as_results(result) == RESULTS.successful)
-
-
-def value_and_grad_forward(fun):
-    """`fun(x)` and its gradient with respect to the pytree `x` by forward mode, compiled
-    (`eqx.filter_jit`): one tangent per leaf, cheaper than reverse mode for a few
-    parameters, and finite where reverse mode through the serving model was not (NaN
-    gradients of HBM capacity and slice count under jit on XLA:CPU, the inferred fit of
-    `perfmodel compare`).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> value, grad = value_and_grad_forward(lambda x: (x["a"] * x["b"]) ** 2)(
-        ...     {"a": jnp.asarray(2.0), "b": jnp.asarray(3.0)})
-        >>> float(value), float(grad["a"]), float(grad["b"])
-        (36.0, 36.0, 24.0)
-    """
-    def both(x):
-        value = fun(x)
-        return value, value
-
-    def call(x):
-        grads, value = jax.jacfwd(both, has_aux=True)(x)
-        return value, grads
-
-    return eqx.filter_jit(call)
 
 
 def check(result, solver: str, throw: bool = True, detail: str = ""):

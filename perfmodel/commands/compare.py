@@ -74,6 +74,30 @@ def _checks(rows) -> list[str]:
     return lines
 
 
+def _inferred(chip: str, r: dict) -> list[str]:
+    """The inferred fit's lines under the table: each parameter's value and how far the
+    reported ratios identify it (`perfmodel.studies.inferred`)."""
+    from ..studies.inferred import IDENTIFIED_BELOW, INFERRED
+
+    head = (f"# inferred {chip} ({r['inferred_result']}, {r['inferred_steps']} steps, loss "
+            f"{r['inferred_loss']:.3g}; achievable HBM {r['inferred_hbm_tb_s_achievable']:.2f} "
+            "TB/s): value (prior); prior and posterior widths of its log (times) or logit "
+            f"(fractions); identified where posterior/prior < {IDENTIFIED_BELOW:g}")
+    lines = textwrap.wrap(head, 100, subsequent_indent="#   ")
+
+    def shown(name, value):
+        return f"{value * 1e6:,.1f} us" if name.endswith(("latency", "overhead")) \
+            else f"{value:.3f}"
+
+    for name in INFERRED:
+        key = f"inferred_{name}"
+        verdict = "identified" if r[key + "_identified"] else "not identified"
+        lines.append(f"#   {name} {shown(name, r[key])} ({shown(name, r[key + '_prior'])}): "
+                     f"widths {r[key + '_prior_width']:.2f} -> {r[key + '_posterior_width']:.2f}"
+                     f" (x{r[key + '_width_ratio']:.2f}, {verdict})")
+    return lines
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "compare", help="a chip against baselines (the Jalapeno comparison)",
@@ -181,11 +205,7 @@ def run(args) -> int:
                   f"{r['baseline_chips_at_peak']} chips")
         inferred = [r for r in rows if r["mode"] == "inferred"]
         if inferred:
-            r = inferred[0]
-            print(f"# inferred {chip}: achievable HBM {r['inferred_hbm_tb_s_achievable']:.2f} "
-                  f"TB/s ({r['inferred_bandwidth_max']:.2f} of peak), HBM "
-                  f"{r['inferred_hbm_capacity'] / 1e9:.0f} GB, {r['inferred_num_slices']:.1f} "
-                  f"slices, matmul efficiency {r['inferred_compute_max']:.2f}")
+            print("\n".join(_inferred(chip, inferred[0])))
     else:
         inputs = provenance(command="compare", models=models, chip=chip,
                             baselines=baselines or sorted({r["baseline"] for r in rows}),

@@ -35,10 +35,12 @@ cannot have used. Two modes:
 
 - predicted: Jalapeno from its reported specs (`data/chips.csv`, assumptions listed there)
   with the efficiencies and power coefficients fitted on GPUs; nothing tuned to the ratios.
-- inferred: Jalapeno's unknown parameters (achievable HBM bandwidth fraction, HBM capacity,
-  slice count, matmul efficiency) fitted by gradient descent (optax Adam in log space) so
-  that the predicted peak tokens/s per kW and E2E ratios match the reported ones, then the
-  same sweep re-run on the inferred chip. The values they take are reported.
+- inferred: Jalapeno's fixed per-kernel and per-step costs, attention efficiency and
+  achievable bandwidth fraction fitted (`perfmodel.studies.inferred`: Levenberg-Marquardt
+  on the log misses of the reported peak tokens/s per kW and E2E ratios, with priors at the
+  predicted-mode values) at the predicted peaks, the sweep re-run on the inferred chip and
+  runtime, refitted at the new peaks and re-run. The values, and how far the reported
+  ratios identify each one (posterior against prior width), are reported.
 """
 
 from __future__ import annotations
@@ -48,34 +50,23 @@ import dataclasses
 import functools
 from importlib import resources
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from ..design import Design, Layout
+from ..design import Layout, Runtime
 from ..hardware import Chip
-from ..kvcache import max_batch
 from ..presets import get_chip, get_model
 from ..progress import bar
-from ..serving import predict
-from ..smooth import smooth_min
-from ..solvers import value_and_grad_forward
 from ..sweep import DEFAULT_GRID, Sweep, auto_chips, default_runtime, sweep
 from ..workload import Workload
 from .baseline import applies as recipe_applies
 from .baseline import recipe_points
+from .inferred import Target, infer
 
 #: The reported pairs (shared/data/jalapeno_claims.csv J01-J06): model, baseline, and the
 #: claim ids of tokens/s per kW at peak throughput and of the E2E latency ratio.
 PAIRS = (("gpt-oss-120b", "gb200", "J01", "J02"),
          ("deepseek-r1", "gb300", "J03", "J04"),
          ("kimi-k2.5", "gb300", "J05", "J06"))
-
-#: Jalapeno parameters the inferred mode fits, as paths into `Chip`.
-INFERRED = ("efficiency.bandwidth_max", "hbm_capacity", "num_slices", "efficiency.compute_max")
-
 
 @functools.cache
 def reported_claims() -> dict[str, dict]:
@@ -185,13 +176,14 @@ def top_grid(grid, chips: int, top: float) -> tuple[float, ...]:
 def chip_points(model: str, chip: Chip, workload: Workload, chips: int | None = None,
                 grid=DEFAULT_GRID, peak: str = "floor",
                 min_interactivity: float = PEAK_MIN_INTERACTIVITY,
-                top: float | None = None) -> ChipPoints:
+                top: float | None = None, runtime: Runtime | None = None) -> ChipPoints:
     """Sweep one chip and pick its peak-throughput and low-concurrency points.
 
     Args:
         peak: "floor" (the most throughput at or above `min_interactivity` tokens/s/user) or
             "top" (the most throughput at or below `top` requests in flight per chip; the
             grid is extended to reach it).
+        runtime: serving-runtime settings (default: `sweep.default_runtime`).
     """
     if peak not in PEAK_DEFINITIONS:
         raise ValueError(f"peak {peak!r}: valid definitions are {PEAK_DEFINITIONS}")
@@ -205,7 +197,8 @@ def chip_points(model: str, chip: Chip, workload: Workload, chips: int | None = 
                                   float(workload.output_len)))
     if peak == "top":
         grid = top_grid(grid, chips, top)
-    s = sweep(m, chip, workload, chips=chips, precision=fmt, grid=grid, progress=False)
+    s = sweep(m, chip, workload, chips=chips, precision=fmt, grid=grid, runtime=runtime,
+              progress=False)
     labels = [s.layouts[int(i)].describe() for i in s.layout_index]
     return _choose(chip, int(chips), s, s.values, np.full(len(labels), float(chips)), labels,
                    peak, min_interactivity, top)
@@ -375,115 +368,12 @@ def _row(model, mode, a: ChipPoints, b: ChipPoints, threshold, extra) -> dict:
     return row
 
 
-def _get(chip, path):
-    node = chip
-    for part in path.split("."):
-        node = getattr(node, part)
-    return node
-
-
-def _set(chip: Chip, values: dict) -> Chip:
-    for path, value in values.items():
-        chip = eqx.tree_at(lambda c, p=path: _get(c, p), chip, jnp.asarray(value, dtype=float))
-    return chip
-
-
-def _peak_metrics(model_name, chip: Chip, layout: Layout, workload: Workload, runtime,
-                  concurrency):
-    """Differentiable peak point: throughput per kW and E2E of one replica of the sweep's
-    peak layout at the sweep's peak concurrency per replica (capped by the batch that fits,
-    as the chip's parameters move). By the envelope theorem the gradient of the sweep's
-    maximum is the gradient at its maximiser, so between re-sweeps this point stands in for
-    the peak."""
-    model = get_model(model_name)
-    from ..design import precision
-    prec = precision(chip, model, "fp4")
-    single = dataclasses.replace(layout, replicas=1)
-    context = workload.mean_input_len + workload.mean_output_len / 2.0
-    fit = max_batch(model, single, prec, chip.hbm_capacity, context, runtime.memory_fraction,
-                    runtime.activation_reserve, None, chip.num_slices)
-    conc = smooth_min(jnp.maximum(fit, 1.0), concurrency)
-    design = Design(concurrency=conc, layout=single, precision=prec, runtime=runtime)
-    m = predict(model, chip, workload, design, check=False, unfit="value")
-    return m.tok_s_per_kw_tdp, m.e2e
-
-
-def infer(chip: Chip, targets: list[dict], workload: Workload, steps: int = 60,
-          learning_rate: float = 0.05) -> tuple[Chip, dict]:
-    """Fit `INFERRED` parameters of `chip` to reported ratios by gradient descent.
-
-    Args:
-        chip: the predicted-mode chip (the start).
-        targets: one dict per model: model, layout (its predicted peak layout), baseline
-            peak tok/s per kW and E2E (fixed), reported ratios.
-        workload: request lengths.
-        steps, learning_rate: Adam settings (log space).
-
-    Returns:
-        (inferred chip, {"values": {path: value}, "loss": final, "result": 0 converged, 1 step
-        limit, 2 stopped at a non-finite loss or gradient}).
-    """
-    start = {p: jnp.log(jnp.asarray(_get(chip, p), dtype=float)) for p in INFERRED}
-    runtime = default_runtime(chip)
-
-    def penalty(logs):
-        # Weak pull to the reported specs; efficiency fractions kept at or below 1.
-        prior = sum((logs[p] - start[p]) ** 2 for p in INFERRED) * 1e-2
-        over = sum(jax.nn.relu(logs[p]) ** 2 for p in INFERRED if p.startswith("efficiency"))
-        return prior + 10.0 * over
-
-    # One compiled gradient per model (a joint trace of all models compiles far slower).
-    grads_of = [value_and_grad_forward(functools.partial(
-        claim_loss, t=t, chip=chip, workload=workload, runtime=runtime)) for t in targets]
-    penalty_grad = jax.jit(jax.value_and_grad(penalty))
-    optimizer = optax.adam(learning_rate)
-    logs, state = start, optimizer.init(start)
-    history, result = [], None
-    for _ in range(steps):
-        value, grads = penalty_grad(logs)
-        for grad_of in grads_of:
-            v, g = grad_of(logs)
-            value = value + v
-            grads = jax.tree.map(jnp.add, grads, g)
-        if not all(bool(jnp.isfinite(x)) for x in jax.tree.leaves((value, grads))):
-            result = 2      # keep the last finite parameters; never a silent NaN
-            break
-        updates, state = optimizer.update(grads, state, logs)
-        logs = optax.apply_updates(logs, updates)
-        history.append(float(value))
-    values = {p: float(jnp.exp(v)) for p, v in logs.items()}
-    for p in INFERRED:
-        if p.startswith("efficiency"):
-            values[p] = min(values[p], 1.0)
-    if result is None:
-        result = 0 if len(history) > 10 and abs(history[-10] - history[-1]) < 1e-3 else 1
-    loss = history[-1] if history else float("nan")
-    return _set(chip, values), {"values": values, "loss": loss, "result": result}
-
-
-def claim_loss(logs, t, chip, workload, runtime):
-    """Squared log misses of one model's reported ratios (per kW at peak, E2E) by `chip`
-    with the `INFERRED` parameters at exp(`logs`): what the inferred mode minimises.
-
-    Args:
-        logs: {`INFERRED` path: log of its value}.
-        t: one target of `infer` (model, layout, concurrency, baseline_kw, baseline_e2e,
-            reported_kw, reported_e2e).
-        chip, workload, runtime: the chip whose parameters are set, the request lengths and
-            the engine settings.
-    """
-    c = _set(chip, {p: jnp.exp(v) for p, v in logs.items()})
-    kw, e2e = _peak_metrics(t["model"], c, t["layout"], workload, runtime, t["concurrency"])
-    return ((jnp.log(kw / t["baseline_kw"]) - jnp.log(t["reported_kw"])) ** 2
-            + (jnp.log(t["baseline_e2e"] / e2e) - jnp.log(t["reported_e2e"])) ** 2)
-
-
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,
             osl: int = 1024, reported: bool = False, modes=("predicted", "inferred"),
             chips: int | None = None, grid=DEFAULT_GRID, threshold: float | None = None,
-            infer_steps: int = 60, progress: bool | None = None, peak: str = "top",
+            infer_steps: int = 100, progress: bool | None = None, peak: str = "top",
             chip_top: str | float = JALAPENO_TOP, recipe: bool = True,
-            wide: int = WIDE_CHIPS) -> list[dict]:
+            wide: int = WIDE_CHIPS, throw: bool = True) -> list[dict]:
     """Compare a chip with baselines on models (defaults: the three reported pairs).
 
     Args:
@@ -497,7 +387,7 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
             holds it); the compared chip as many as `wide` allows).
         grid: concurrencies per replica of the sweeps.
         threshold: interactivity of the high-interactivity point (tokens/s/user).
-        infer_steps: Adam steps of the inferred mode.
+        infer_steps: Levenberg-Marquardt steps at most of each inferred fit.
         peak: the peak definition, "top" (InferenceX's: the top of each chip's concurrency
             sweep) or "floor" (the most throughput at or above `PEAK_MIN_INTERACTIVITY`).
         chip_top: with peak "top", the compared chip's top concurrency: "same" (the
@@ -512,6 +402,8 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
             least the baselines' count), so layouts up to that width are considered (its
             local network: Jalapeno's 128 chips, priced by the collective selection of
             `perfmodel.interconnect`).
+        throw: raise when an inferred fit does not succeed (`inferred.infer`); otherwise
+            its rows carry the result's message in `inferred_result`.
 
     Returns:
         One dict per (model, chip, baseline, mode), with the keys of the module docstring
@@ -519,12 +411,16 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         `ratio_tok_s_per_kw_high_interactivity`, `interactivity_low_concurrency`, ...), the
         peak definition (`peak_definition`, `baseline_top_requests_per_chip` with its
         `baseline_top_source`, `chip_top_rule`, `chip_top_requests_per_chip`), the
-        `consistency` checks, the reported ratios with `reported`, and `inferred_*` values
-        in inferred mode.
+        `consistency` checks, the reported ratios with `reported`, and in inferred mode per
+        fitted parameter (`inferred.INFERRED`) `inferred_<name>` (its value, s or a
+        fraction), `inferred_<name>_prior_width`, `_posterior_width`, `_width_ratio` and
+        `_identified` (`inferred.Inference.report`), with `inferred_hbm_tb_s_achievable`,
+        `inferred_loss`, `inferred_steps` and `inferred_result`.
 
     Raises:
         ValueError: unknown names, modes, peak definitions or top rules, or baselines not
             matching models.
+        RuntimeError: with `throw`, an inferred fit did not succeed.
 
     Example (not run as a doctest: its two sweeps compile for about 20 s, and
     tests/test_compare.py runs the same call):
@@ -572,16 +468,18 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         shown.update(1)
         return result
 
-    def points_of(m, c):
+    def points_of(m, c, runtime=None):
         n = compared_chips(m, c, workload, chips, wide)
         if peak == "floor":
-            result = chip_points(m, c, workload, n, grid, peak="floor")
+            result = chip_points(m, c, workload, n, grid, peak="floor", runtime=runtime)
         elif chip_top == "interactivity":
             result = chip_points(m, c, workload, n, grid, peak="floor",
-                                 min_interactivity=base_points[m].peak_interactivity)
+                                 min_interactivity=base_points[m].peak_interactivity,
+                                 runtime=runtime)
         else:
             top = gpu_top_concurrency(m)[0] if chip_top == "same" else float(chip_top)
-            result = chip_points(m, c, workload, n, grid, peak="top", top=top)
+            result = chip_points(m, c, workload, n, grid, peak="top", top=top,
+                                 runtime=runtime)
         shown.update(1)
         return result
 
@@ -633,29 +531,31 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
                 if not rep or rep["baseline"] != base_points[m].chip:
                     continue
                 layout = Layout.parse(points[m].peak_layout)
-                targets.append({"model": m, "layout": layout,
-                                "concurrency": points[m].peak_concurrency / layout.replicas,
-                                "baseline_kw": base_points[m].peak_tok_s_per_kw,
-                                "baseline_e2e": base_points[m].peak_e2e_s,
-                                "reported_kw": rep["reported_ratio_tok_s_per_kw_at_peak"],
-                                "reported_e2e": rep["reported_ratio_e2e_latency"]})
+                targets.append(Target(
+                    m, layout, concurrency=points[m].peak_concurrency / layout.replicas,
+                    baseline_kw=base_points[m].peak_tok_s_per_kw,
+                    baseline_e2e=base_points[m].peak_e2e_s,
+                    reported_kw=rep["reported_ratio_tok_s_per_kw_at_peak"],
+                    reported_e2e=rep["reported_ratio_e2e_latency"]))
             return targets
 
         targets = targets_at(predicted)
         if targets:
-            # Fit at the peaks of the predicted chip, re-sweep, refit at the new peaks.
-            inferred_chip, info = infer(target, targets, workload, steps=infer_steps)
+            # Fit at the peaks of the predicted chip, re-sweep, refit at the new peaks (the
+            # prior stays at the predicted chip), re-sweep.
+            runtime = default_runtime(target)
+            fit = infer(target, runtime, targets, workload, max_steps=infer_steps,
+                        throw=throw)
             shown.update(1)
-            points = {m: points_of(m, inferred_chip) for m in models}
-            inferred_chip, info = infer(inferred_chip, targets_at(points), workload,
-                                        steps=infer_steps)
+            points = {m: points_of(m, fit.chip, fit.runtime) for m in models}
+            fit = infer(target, runtime, targets_at(points), workload, start=fit.params,
+                        max_steps=infer_steps, throw=throw)
             shown.update(1)
-            points = {m: points_of(m, inferred_chip) for m in models}
-            extra = {"inferred_" + p.replace("efficiency.", ""): v
-                     for p, v in info["values"].items()}
+            points = {m: points_of(m, fit.chip, fit.runtime) for m in models}
+            extra = fit.report()
             extra["inferred_hbm_tb_s_achievable"] = (
-                info["values"]["efficiency.bandwidth_max"] * float(target.hbm_bandwidth) / 1e12)
-            extra.update(inferred_loss=info["loss"], inferred_result=info["result"])
+                extra["inferred_bandwidth_max"] * float(target.hbm_bandwidth) / 1e12)
+            extra["inferred_steps"] = int(fit.steps)
             emit("inferred", points, extra)
     shown.close()
     return out
