@@ -98,6 +98,36 @@ def _inferred(chip: str, r: dict) -> list[str]:
     return lines
 
 
+def _claims(rows) -> list[str]:
+    """Per row, each reported figure it evaluates against the report (`claim_<id>_*`), the
+    inferred rows' fitted top concurrency beside the requests ratio the reported pair
+    implies, and why a missed figure is missed (`inferred_unmet`)."""
+    lines = ["# reported figures (value vs reported; ok: within 15 %):"]
+    for r in rows:
+        ids = [k[len("claim_"):-len("_value")] for k in r
+               if k.startswith("claim_") and k.endswith("_value")]
+        if not ids:
+            continue
+        parts = [f"{i} {r[f'claim_{i}_value']:.3g} vs {r[f'claim_{i}_reported']} "
+                 f"{'ok' if r[f'claim_{i}_within_15pct'] else 'MISS'}" for i in ids]
+        lines.extend(textwrap.wrap(f"#   {r['model']} ({r['mode']}): " + "; ".join(parts),
+                                   100, subsequent_indent="#     "))
+        key = "inferred_top_requests_per_chip"
+        if key in r:
+            verdict = "identified" if r[key + "_identified"] else "not identified"
+            lines.append(
+                f"#     fitted top {r[key]:.1f} requests/chip (predicted "
+                f"{r[key + '_prior']:.1f}; widths {r[key + '_prior_width']:.2f} -> "
+                f"{r[key + '_posterior_width']:.2f}, {verdict}): requests/chip at peak "
+                f"x{r['requests_per_chip_ratio_at_peak']:.2f} the GPU's, the reported pair "
+                f"implies x{r.get('implied_requests_per_chip_ratio', float('nan')):.2f}")
+        if r.get("inferred_unmet"):
+            for reason in r["inferred_unmet"].split("; "):
+                lines.extend(textwrap.wrap(f"#     unmet: {reason}", 100,
+                                           subsequent_indent="#       "))
+    return lines
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "compare", help="a chip against baselines (the Jalapeno comparison)",
@@ -206,6 +236,8 @@ def run(args) -> int:
         inferred = [r for r in rows if r["mode"] == "inferred"]
         if inferred:
             print("\n".join(_inferred(chip, inferred[0])))
+        if args.reported:
+            print("\n".join(_claims(rows)))
     else:
         inputs = provenance(command="compare", models=models, chip=chip,
                             baselines=baselines or sorted({r["baseline"] for r in rows}),

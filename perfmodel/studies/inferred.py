@@ -548,7 +548,7 @@ class Inference(eqx.Module):
 
         direction = "above" if step[j] > 0 else "below"
         text = (f"{claim} needs {name} {direction} {shown(needed)} (the fewest prior widths "
-                f"of any one parameter, linearised; predicted {shown(centre[j])}, fitted "
+                f"of any one parameter, linearised, predicted {shown(centre[j])}, fitted "
                 f"{shown(flat[j])}): {away:.1f} prior widths from the prediction")
         if away > PLAUSIBLE_WIDTHS:
             return text + f", beyond the plausible {PLAUSIBLE_WIDTHS:g}"
