@@ -133,6 +133,9 @@ def test_fit_reports_identification(synthetic):
     assert row["inferred_step_overhead"] == pytest.approx(1e-3 * np.exp(0.5), rel=0.05)
     assert row["inferred_step_overhead_posterior_width"] < row[
         "inferred_step_overhead_prior_width"]
+    # 0.5 from the centre at width 1: within the plausible range.
+    assert row["inferred_step_overhead_widths_from_prior"] == pytest.approx(0.5, abs=0.05)
+    assert row["inferred_implausible"] == ""
 
 
 def test_nonfinite_residual_is_not_silent(synthetic):

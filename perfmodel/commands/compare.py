@@ -77,7 +77,7 @@ def _checks(rows) -> list[str]:
 def _inferred(chip: str, r: dict) -> list[str]:
     """The inferred fit's lines under the table: each parameter's value and how far the
     reported ratios identify it (`perfmodel.studies.inferred`)."""
-    from ..studies.inferred import IDENTIFIED_BELOW, INFERRED
+    from ..studies.inferred import IDENTIFIED_BELOW, INFERRED, PLAUSIBLE_WIDTHS
 
     head = (f"# inferred {chip} ({r['inferred_result']}, {r['inferred_steps']} steps, loss "
             f"{r['inferred_loss']:.3g}; achievable HBM {r['inferred_hbm_tb_s_achievable']:.2f} "
@@ -94,7 +94,12 @@ def _inferred(chip: str, r: dict) -> list[str]:
         verdict = "identified" if r[key + "_identified"] else "not identified"
         lines.append(f"#   {name} {shown(name, r[key])} ({shown(name, r[key + '_prior'])}): "
                      f"widths {r[key + '_prior_width']:.2f} -> {r[key + '_posterior_width']:.2f}"
-                     f" (x{r[key + '_width_ratio']:.2f}, {verdict})")
+                     f" (x{r[key + '_width_ratio']:.2f}, {verdict}; "
+                     f"{r[key + '_widths_from_prior']:.1f} widths from the prior)")
+    if r["inferred_implausible"]:
+        lines.extend(textwrap.wrap(
+            f"#   beyond {PLAUSIBLE_WIDTHS:g} prior widths (physically implausible): "
+            f"{r['inferred_implausible']}", 100, subsequent_indent="#     "))
     return lines
 
 

@@ -477,11 +477,15 @@ class Inference(eqx.Module):
 
     def report(self, prefix: str = "inferred_") -> dict:
         """Flat row entries: per scalar parameter (`INFERRED`) its value and prior centre (s
-        or fraction), prior and posterior widths (log or logit units), their ratio and
-        whether it is identified; the loss and the result's message ("successful" on
-        success). The tops are per target: `report_top`."""
+        or fraction), prior and posterior widths (log or logit units), their ratio, whether
+        it is identified and its distance from the prior centre in prior widths
+        (`_widths_from_prior`); `implausible`, the parameters (`names`) fitted more than
+        `PLAUSIBLE_WIDTHS` from their centres (comma-separated); the loss and the result's
+        message ("successful" on success). The tops are per target: `report_top`."""
         out = {}
         values, centre = self.params.values(), self.centre.values()
+        away = np.abs(np.asarray(self.params.flat() - self.centre.flat())
+                      / np.asarray(self.prior_width))
         # The widths go on to the tops (`report_top`): the scalars are their first entries.
         for k, prior, post in zip(INFERRED, self.prior_width[:len(INFERRED)],
                                   self.posterior_width[:len(INFERRED)], strict=True):
@@ -491,6 +495,10 @@ class Inference(eqx.Module):
             out[f"{prefix}{k}_posterior_width"] = float(post)
             out[f"{prefix}{k}_width_ratio"] = float(post / prior)
             out[f"{prefix}{k}_identified"] = bool(post / prior < IDENTIFIED_BELOW)
+        for k, a in zip(INFERRED, away[:len(INFERRED)], strict=True):
+            out[f"{prefix}{k}_widths_from_prior"] = float(a)
+        out[prefix + "implausible"] = ",".join(
+            n for n, a in zip(self.names, away, strict=True) if a > PLAUSIBLE_WIDTHS)
         out[prefix + "loss"] = float(self.loss)
         out[prefix + "result"] = message(self.result) or "successful"
         return out
