@@ -142,6 +142,17 @@ def test_cli_acceptance_reported_json(capsys):
                     f"inferred_{name}_prior_width"] * (1 + 1e-9), name
                 assert isinstance(r[f"inferred_{name}_identified"], bool)
             assert r["inferred_bandwidth_max"] < 1.0 and r["inferred_attention_max"] < 1.0
+            assert r["inferred_top_requests_per_chip"] > 0.0
+            assert isinstance(r["inferred_unmet"], str)
+        # Every row evaluates its pair, J07 and its speed claim against the report.
+        speed = cmp.SPEED_CLAIMS[r["model"]]
+        for claim in ("J07", speed):
+            assert math.isfinite(r[f"claim_{claim}_value"]), claim
+            assert isinstance(r[f"claim_{claim}_within_15pct"], bool)
+        # A missed figure says why in inferred mode.
+        missed = [k for k in r if k.endswith("_within_15pct") and not r[k]]
+        if r["mode"] == "inferred" and missed:
+            assert r["inferred_unmet"]
 
 
 @pytest.mark.slow   # eager reverse mode through the serving model: 10 s or more
@@ -189,6 +200,21 @@ def test_gpu_top_concurrency_rederived_from_inferencemax_rows():
         assert best["run_id"] in source
     assert cmp.gpu_top_concurrency("kimi-k2.5")[0] == cmp.gpu_top_concurrency("deepseek-r1")[0]
     assert cmp.gpu_top_concurrency("llama-3.1-8b")[0] == 128.0
+
+
+def test_claim_bands_read_from_claims_file():
+    """J01-J09's bands come from jalapeno_claims.csv (a value, a range, a lower bound), and
+    a row value is met within 15 % of its band."""
+    assert cmp.claim_band("J04") == (3.6, 3.6)
+    assert cmp.claim_band("J07") == (2.1, 4.1)
+    assert cmp.claim_band("J08") == (700.0, math.inf)
+    row = {"model": "gpt-oss-120b", "ratio_tok_s_per_kw_at_peak": 1.9 * 1.16,
+           "ratio_e2e_latency": 1.7 * 0.86, "ratio_tok_s_per_kw_high_interactivity": 4.5,
+           "interactivity_low_concurrency": 1000.0}
+    c = cmp.claim_checks(row)
+    assert set(k[6:9] for k in c) == {"J01", "J02", "J07", "J09"}
+    assert not c["claim_J01_within_15pct"] and c["claim_J02_within_15pct"]
+    assert c["claim_J07_within_15pct"] and not c["claim_J09_within_15pct"]
 
 
 def test_consistency_reported_pair_implies_requests_ratio():

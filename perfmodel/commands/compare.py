@@ -77,7 +77,7 @@ def _checks(rows) -> list[str]:
 def _inferred(chip: str, r: dict) -> list[str]:
     """The inferred fit's lines under the table: each parameter's value and how far the
     reported ratios identify it (`perfmodel.studies.inferred`)."""
-    from ..studies.inferred import IDENTIFIED_BELOW, INFERRED
+    from ..studies.inferred import IDENTIFIED_BELOW, INFERRED, PLAUSIBLE_WIDTHS
 
     head = (f"# inferred {chip} ({r['inferred_result']}, {r['inferred_steps']} steps, loss "
             f"{r['inferred_loss']:.3g}; achievable HBM {r['inferred_hbm_tb_s_achievable']:.2f} "
@@ -94,7 +94,42 @@ def _inferred(chip: str, r: dict) -> list[str]:
         verdict = "identified" if r[key + "_identified"] else "not identified"
         lines.append(f"#   {name} {shown(name, r[key])} ({shown(name, r[key + '_prior'])}): "
                      f"widths {r[key + '_prior_width']:.2f} -> {r[key + '_posterior_width']:.2f}"
-                     f" (x{r[key + '_width_ratio']:.2f}, {verdict})")
+                     f" (x{r[key + '_width_ratio']:.2f}, {verdict}; "
+                     f"{r[key + '_widths_from_prior']:.1f} widths from the prior)")
+    if r["inferred_implausible"]:
+        lines.extend(textwrap.wrap(
+            f"#   beyond {PLAUSIBLE_WIDTHS:g} prior widths (physically implausible): "
+            f"{r['inferred_implausible']}", 100, subsequent_indent="#     "))
+    return lines
+
+
+def _claims(rows) -> list[str]:
+    """Per row, each reported figure it evaluates against the report (`claim_<id>_*`), the
+    inferred rows' fitted top concurrency beside the requests ratio the reported pair
+    implies, and why a missed figure is missed (`inferred_unmet`)."""
+    lines = ["# reported figures (value vs reported; ok: within 15 %):"]
+    for r in rows:
+        ids = [k[len("claim_"):-len("_value")] for k in r
+               if k.startswith("claim_") and k.endswith("_value")]
+        if not ids:
+            continue
+        parts = [f"{i} {r[f'claim_{i}_value']:.3g} vs {r[f'claim_{i}_reported']} "
+                 f"{'ok' if r[f'claim_{i}_within_15pct'] else 'MISS'}" for i in ids]
+        lines.extend(textwrap.wrap(f"#   {r['model']} ({r['mode']}): " + "; ".join(parts),
+                                   100, subsequent_indent="#     "))
+        key = "inferred_top_requests_per_chip"
+        if key in r:
+            verdict = "identified" if r[key + "_identified"] else "not identified"
+            lines.append(
+                f"#     fitted top {r[key]:.1f} requests/chip (predicted "
+                f"{r[key + '_prior']:.1f}; widths {r[key + '_prior_width']:.2f} -> "
+                f"{r[key + '_posterior_width']:.2f}, {verdict}): requests/chip at peak "
+                f"x{r['requests_per_chip_ratio_at_peak']:.2f} the GPU's, the reported pair "
+                f"implies x{r.get('implied_requests_per_chip_ratio', float('nan')):.2f}")
+        if r.get("inferred_unmet"):
+            for reason in r["inferred_unmet"].split("; "):
+                lines.extend(textwrap.wrap(f"#     unmet: {reason}", 100,
+                                           subsequent_indent="#       "))
     return lines
 
 
@@ -206,6 +241,8 @@ def run(args) -> int:
         inferred = [r for r in rows if r["mode"] == "inferred"]
         if inferred:
             print("\n".join(_inferred(chip, inferred[0])))
+        if args.reported:
+            print("\n".join(_claims(rows)))
     else:
         inputs = provenance(command="compare", models=models, chip=chip,
                             baselines=baselines or sorted({r["baseline"] for r in rows}),

@@ -5,9 +5,11 @@ Parameters (`InferredParams`, one field each, unconstrained): the fixed per-kern
 per-step costs (the chip's `Efficiency.memory_latency` and `Efficiency.kernel_overhead`, the
 runtime's `Runtime.step_overhead`: logs of seconds) and the attainable fractions of peak
 (`Efficiency.attention_max` of FLOP/s in attention kernels, `Efficiency.bandwidth_max` of
-HBM bandwidth: logits, so every value stays in (0, 1) without a penalty). Slice count and
-HBM capacity are not fitted: with the peak at the top of each chip's concurrency sweep (a
-fixed number of requests per chip) neither changes the peak point (issue 21).
+HBM bandwidth: logits, so every value stays in (0, 1) without a penalty), and per reported
+pair the chip's top concurrency (`InferredParams.top_requests`: log of requests per chip at
+its peak, prior centre the predicted mode's top, width ln 4, `PRIOR_WIDTH`), which unties
+the pair's two ratios (below). Slice count and HBM capacity are not fitted: at a given top
+neither changes the peak point (issue 21).
 
 Residuals (`residuals`), each a number of standard deviations:
 
@@ -19,14 +21,19 @@ Residuals (`residuals`), each a number of standard deviations:
 - per parameter, its distance from the prior centre (the predicted-mode value: GPU-fitted
   efficiencies, the generic runtime) over its prior width (`PRIOR_WIDTH`, in its own
   unconstrained coordinate: 1 is a factor e on a time, and about 0.25 on a fraction near
-  1/2, less towards 0 or 1).
+  1/2, less towards 0 or 1);
+- per `PointTarget` (a figure at a fixed sweep point: the per-user speeds J08 and J09 at the
+  low-concurrency point, one request on one replica of its layout; the per-kW ratio J07 at
+  the high-interactivity point), its `band_miss` against the reported band over the same
+  `DATA_WIDTH` (speeds given to two figures, ">700" and "~1400": rounding up to 3.6 %, plus
+  the model's error): zero inside the band, so a one-sided figure is free once met.
 
 Solver: `optimistix.least_squares` with `optimistix.LevenbergMarquardt`, Jacobians by
-forward mode (`options={"jac": "fwd"}`: five tangents, and reverse mode gave NaN gradients of
-chip fields through the serving model under jit on XLA:CPU). It stops when a step changes
-the parameters and the residuals by less than atol + rtol x their size. A non-finite loss
-or Jacobian at the solution is `RESULTS.nonfinite`; `throw=True` raises on any failure
-(`perfmodel.solvers.check`).
+forward mode (`options={"jac": "fwd"}`: one tangent per parameter; reverse mode gave NaN
+gradients of chip fields through the serving model under jit on XLA:CPU). It stops when a
+step changes the parameters and the residuals by less than atol + rtol x their size. A
+non-finite loss or Jacobian at the solution is `RESULTS.nonfinite`; `throw=True` raises on
+any failure (`perfmodel.solvers.check`).
 
 Identification: under the Gauss-Newton approximation the posterior covariance of the
 unconstrained parameters at the solution is (J^T J)^-1, J the Jacobian of the whitened
@@ -37,12 +44,14 @@ A parameter is reported identified when the ratio is below `IDENTIFIED_BELOW` (0
 data at least halve its uncertainty).
 
 What the data can say: at a fixed number of requests per chip a model's two ratios are the
-same function of these parameters up to a constant (Little's law: tokens/s per kW is
-requests x tokens per request / E2E / TDP), so each reported pair constrains one
-combination of the five, through two residuals whose Jacobian rows are equal. Where a pair
-asks for more per-kW gain and more latency gain than Little's law allows at the peak's
-requests per chip (`jalapeno.consistency`: all three reported pairs), no parameter value
-matches both, and the fit splits the miss between them.
+same function of the five chip parameters up to a constant (Little's law: tokens/s per kW
+is requests x tokens per request / E2E / TDP), so without the tops each reported pair
+constrains one combination of them, and a pair asking for another requests-per-chip ratio
+than the peak's (`jalapeno.consistency`: all three reported pairs) cannot be met. The
+fitted top supplies that ratio, so the pair's per-kW ratio fixes the top and its E2E ratio
+one combination of the chip parameters. `Inference.unmet` says, for a figure the fit still
+misses, which one parameter would close it in the fewest prior widths, the value it needs,
+and whether that is within `PLAUSIBLE_WIDTHS` of the prediction.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optimistix as optx
 
 from ..design import Design, Layout, Runtime, precision
@@ -71,9 +81,22 @@ INFERRED = ("memory_latency", "kernel_overhead", "step_overhead", "attention_max
 #: Parameters fitted through a logit (fractions of a peak); the others through a log.
 FRACTIONS = ("attention_max", "bandwidth_max")
 
-#: Prior width of each parameter in its unconstrained coordinate (log of s, or logit).
+#: The vector field of `InferredParams`: log of the chip's top concurrency (requests in flight
+#: per chip at its peak), one per reported pair (`Target`).
+TOP = "top_requests"
+
+#: Prior width of each parameter in its unconstrained coordinate (log of s, log of requests,
+#: or logit). The top concurrency's, ln 4: the reports give no concurrency and InferenceX
+#: runs a power-of-two concurrency list, so a top two steps of that list from the GPU's is
+#: one standard deviation (the reported pairs imply 0.65x, 0.24x and 0.22x, -0.3 to -1.1
+#: widths; `jalapeno.consistency`).
 PRIOR_WIDTH = {"memory_latency": 1.0, "kernel_overhead": 1.0, "step_overhead": 1.0,
-               "attention_max": 1.0, "bandwidth_max": 1.0}
+               "attention_max": 1.0, "bandwidth_max": 1.0, TOP: float(np.log(4.0))}
+
+#: A fitted value this many prior widths or more from its centre is outside the physically
+#: plausible range (`Inference.unmet` says so): beyond 2 widths a fixed cost is e^2 = 7.4x
+#: off the GPU-fitted value, or a top concurrency 16x off the GPU's.
+PLAUSIBLE_WIDTHS = 2.0
 
 #: Standard deviation of a reported ratio's log (see the module docstring).
 DATA_WIDTH = 0.1
@@ -86,6 +109,10 @@ def _number(x):
     # Explicit dtype: a Python float would give a weakly typed array, whose compiled solve
     # a strongly typed one (a ratio computed by the model) would not reuse.
     return jnp.asarray(x, dtype=float)
+
+
+def _vector(x):
+    return jnp.reshape(jnp.asarray(x, dtype=float), (-1,))
 
 
 class InferredParams(eqx.Module):
@@ -112,10 +139,15 @@ class InferredParams(eqx.Module):
     bandwidth_max: jnp.ndarray = eqx.field(converter=_number)
     """logit of `Efficiency.bandwidth_max`, the fraction of HBM bandwidth a large read
     reaches (logit of a dimensionless fraction)."""
+    top_requests: jnp.ndarray = eqx.field(converter=_vector, default=())
+    """log of the chip's top concurrency at each reported pair's peak (log requests per
+    chip), in target order, shape (targets,); empty: not fitted, each target at its own
+    `Target.concurrency`."""
 
     @classmethod
-    def of(cls, chip: Chip, runtime: Runtime) -> InferredParams:
-        """The parameters of `chip` and `runtime` (float64 where x64 is on)."""
+    def of(cls, chip: Chip, runtime: Runtime, tops=()) -> InferredParams:
+        """The parameters of `chip` and `runtime` (float64 where x64 is on), with top
+        concurrencies `tops` (requests per chip, one per target; empty: not fitted)."""
         e = chip.efficiency
 
         def log(x):
@@ -127,27 +159,44 @@ class InferredParams(eqx.Module):
 
         return cls(memory_latency=log(e.memory_latency), kernel_overhead=log(e.kernel_overhead),
                    step_overhead=log(runtime.step_overhead),
-                   attention_max=logit(e.attention_max), bandwidth_max=logit(e.bandwidth_max))
+                   attention_max=logit(e.attention_max), bandwidth_max=logit(e.bandwidth_max),
+                   top_requests=log(jnp.asarray(tops, dtype=float)))
 
     @classmethod
-    def widths(cls, widths: dict | None = None) -> InferredParams:
-        """Prior widths as an `InferredParams` (`PRIOR_WIDTH`, updated by `widths`).
+    def widths(cls, widths: dict | None = None, tops: int = 0) -> InferredParams:
+        """Prior widths as an `InferredParams` (`PRIOR_WIDTH`, updated by `widths`), with
+        `tops` top-concurrency widths.
 
         Raises:
             ValueError: a key that is not a field, or a width that is not positive.
         """
         given = dict(PRIOR_WIDTH, **(widths or {}))
         for key, value in given.items():
-            if key not in INFERRED:
-                raise ValueError(f"prior width {key!r}: the fitted parameters are {INFERRED}")
+            if key not in INFERRED + (TOP,):
+                raise ValueError(f"prior width {key!r}: the fitted parameters are "
+                                 f"{INFERRED + (TOP,)}")
             if not value > 0:
                 raise ValueError(f"prior width of {key} is {value!r}: give a positive width "
                                  "(in log or logit units)")
-        return cls(**{k: float(v) for k, v in given.items()})
+        top = given.pop(TOP)
+        return cls(**{k: float(v) for k, v in given.items()},
+                   top_requests=jnp.full((tops,), float(top)))
 
     def flat(self) -> jnp.ndarray:
-        """The fields as one vector, in `INFERRED` order."""
-        return jnp.stack([jnp.asarray(getattr(self, k), dtype=float) for k in INFERRED])
+        """The fields as one vector, in `names` order: `INFERRED`, then the tops. On a
+        pytree of Jacobians (leaves with leading residual axes), the parameters are the
+        last axis."""
+        return jnp.concatenate([jnp.stack([jnp.asarray(getattr(self, k), dtype=float)
+                                           for k in INFERRED], axis=-1),
+                                jnp.asarray(self.top_requests, dtype=float)], axis=-1)
+
+    def names(self) -> tuple[str, ...]:
+        """The entries of `flat`: `INFERRED`, then `top_requests[i]` per target."""
+        return INFERRED + tuple(f"{TOP}[{i}]" for i in range(self.top_requests.shape[0]))
+
+    def tops(self) -> np.ndarray:
+        """The top concurrencies, requests per chip, shape (targets,) (concrete only)."""
+        return np.exp(np.asarray(self.top_requests))
 
     def values(self) -> dict[str, float]:
         """The physical values (s, or fractions), by field name (concrete only)."""
@@ -208,23 +257,96 @@ class Target(eqx.Module):
     """Reported tokens/s per kW ratio, chip over baseline (dimensionless)."""
     reported_e2e: jnp.ndarray = eqx.field(converter=_number)
     """Reported E2E latency ratio, baseline over chip (dimensionless)."""
+    top: jnp.ndarray = eqx.field(converter=_number, default=float("nan"))
+    """The chip's top concurrency in the predicted mode (requests per chip): the prior
+    centre of the fitted top (`InferredParams.top_requests`); NaN: the top is not fitted."""
+    claims: tuple[str, str] = eqx.field(static=True, default=("", ""))
+    """Claim ids of the reported (tokens/s per kW, E2E) ratios, for reports."""
 
 
-def peak_metrics(target: Target, chip: Chip, runtime: Runtime, workload: Workload):
-    """(tokens/s per kW of TDP, E2E in s) of one replica of `target`'s layout at its
-    concurrency (capped by the batch that fits with `chip` and `runtime`): the peak point,
-    differentiably. By the envelope theorem the gradient of the sweep's maximum is the
-    gradient at its maximiser, so between re-sweeps this point stands in for the peak."""
-    model = get_model(target.model)
+class PointTarget(eqx.Module):
+    """One reported figure at a fixed point of the chip's sweep: a per-user speed at the
+    low-concurrency point (J08, J09: `metric` "interactivity", `baseline` 1) or a tokens/s
+    per kW ratio at the high-interactivity point (J07: "tok_s_per_kw", the baseline's
+    value there), with the band [`low`, `high`] the reports put it in.
+
+    Example:
+        >>> t = PointTarget("J08", "deepseek-r1", Layout.parse("tp16-ep16"), 1.0,
+        ...                 "interactivity", 1.0, 700.0, float("inf"))
+        >>> float(t.low), bool(jnp.isinf(t.high))
+        (700.0, True)
+    """
+
+    claim: str = eqx.field(static=True)
+    """Claim id (jalapeno_claims.csv)."""
+    model: str = eqx.field(static=True)
+    """Model preset name."""
+    layout: Layout = eqx.field(static=True)
+    """The point's layout (one replica is evaluated)."""
+    concurrency: jnp.ndarray = eqx.field(converter=_number)
+    """Requests in flight per replica (requests; capped by the batch that fits)."""
+    metric: str = eqx.field(static=True)
+    """"interactivity" (tokens/s/user) or "tok_s_per_kw" (tokens/s per kW of TDP)."""
+    baseline: jnp.ndarray = eqx.field(converter=_number)
+    """Divides the metric: 1 for a speed, the baseline's tokens/s per kW for a ratio."""
+    low: jnp.ndarray = eqx.field(converter=_number)
+    """Lower end of the reported band (the metric's unit over the baseline's)."""
+    high: jnp.ndarray = eqx.field(converter=_number)
+    """Upper end (inf: one-sided, "> low"; equal to `low`: a value, "~ low")."""
+
+    def __check_init__(self):
+        if self.metric not in ("interactivity", "tok_s_per_kw"):
+            raise ValueError(f"PointTarget.metric {self.metric!r}: give 'interactivity' or "
+                             "'tok_s_per_kw'")
+
+
+def band_miss(value, low, high) -> jnp.ndarray:
+    """Log miss of `value` against the band [`low`, `high`]: log(value / low) below it
+    (negative), log(value / high) above it (positive), 0 inside: a one-sided residual,
+    zero when the figure is met (traceable; `high` may be inf).
+
+    Example:
+        >>> [round(float(band_miss(v, 700.0, jnp.inf)), 4) for v in (350.0, 700.0, 1400.0)]
+        [-0.6931, 0.0, 0.0]
+    """
+    log_value = jnp.log(value)
+    below = log_value - jnp.log(low)
+    above = log_value - jnp.log(high)
+    return jnp.where(below < 0, below, jnp.where(above > 0, above, 0.0))
+
+
+def _point(model_name, layout: Layout, concurrency, chip: Chip, runtime: Runtime,
+           workload: Workload):
+    # One replica of `layout` at `concurrency` requests, capped by the batch that fits.
+    model = get_model(model_name)
     prec = precision(chip, model, "fp4")
-    single = dataclasses.replace(target.layout, replicas=1)
+    single = dataclasses.replace(layout, replicas=1)
     context = workload.mean_input_len + workload.mean_output_len / 2.0
     fit = max_batch(model, single, prec, chip.hbm_capacity, context, runtime.memory_fraction,
                     runtime.activation_reserve, None, chip.num_slices)
-    conc = smooth_min(jnp.maximum(fit, 1.0), target.concurrency)
+    conc = smooth_min(jnp.maximum(fit, 1.0), concurrency)
     design = Design(concurrency=conc, layout=single, precision=prec, runtime=runtime)
-    m = predict(model, chip, workload, design, check=False, unfit="value", vectorize=True)
+    return predict(model, chip, workload, design, check=False, unfit="value", vectorize=True)
+
+
+def peak_metrics(target: Target, chip: Chip, runtime: Runtime, workload: Workload,
+                 top=None):
+    """(tokens/s per kW of TDP, E2E in s) of one replica of `target`'s layout at its
+    concurrency, or with `top` (requests per chip) at `top` x its chips per replica, capped
+    by the batch that fits with `chip` and `runtime`: the peak point, differentiably. By the
+    envelope theorem the gradient of the sweep's maximum is the gradient at its maximiser,
+    so between re-sweeps this point stands in for the peak."""
+    conc = target.concurrency if top is None else top * target.layout.chips_per_instance
+    m = _point(target.model, target.layout, conc, chip, runtime, workload)
     return m.tok_s_per_kw_tdp, m.e2e
+
+
+def point_value(target: PointTarget, chip: Chip, runtime: Runtime, workload: Workload):
+    """The metric of a `PointTarget` over its baseline (traceable): tokens/s/user, or a
+    tokens/s per kW ratio."""
+    m = _point(target.model, target.layout, target.concurrency, chip, runtime, workload)
+    value = m.interactivity if target.metric == "interactivity" else m.tok_s_per_kw_tdp
+    return value / target.baseline
 
 
 def ratios(params: InferredParams, targets, chip: Chip, runtime: Runtime,
@@ -234,17 +356,23 @@ def ratios(params: InferredParams, targets, chip: Chip, runtime: Runtime,
     Args:
         params: the fitted parameters, applied to `chip` and `runtime` (`apply`).
         targets: `Target`s (their layouts, concurrencies and baselines; the reported
-            ratios are not read).
+            ratios are not read). With `params.top_requests`, each at its fitted top.
         chip, runtime, workload: the rest of the prediction.
 
     Returns:
         (tokens/s per kW ratios, chip over baseline; E2E ratios, baseline over chip), each
         of shape (targets,), dimensionless.
     """
+    targets = tuple(targets)
+    fitted = params.top_requests.shape[0]
+    if fitted not in (0, len(targets)):
+        raise ValueError(f"params.top_requests has {fitted} entries for {len(targets)} "
+                         "targets: give one per target, or none")
     chip, runtime = apply(params, chip, runtime)
     kw, e2e = [], []
-    for t in targets:
-        k, e = peak_metrics(t, chip, runtime, workload)
+    for i, t in enumerate(targets):
+        top = jnp.exp(params.top_requests[i]) if fitted else None
+        k, e = peak_metrics(t, chip, runtime, workload, top)
         kw.append(k / t.baseline_kw)
         e2e.append(t.baseline_e2e / e)
     return jnp.stack(kw), jnp.stack(e2e)
@@ -266,24 +394,36 @@ class Problem(eqx.Module):
     width: InferredParams
     """Prior widths (unconstrained units)."""
     data_width: jnp.ndarray
-    """Standard deviation of a reported ratio's log (dimensionless)."""
+    """Standard deviation of a reported figure's log (dimensionless)."""
+    points: tuple[PointTarget, ...] = ()
+    """Reported figures at fixed sweep points (per-user speeds, high-interactivity ratios)."""
+
+    def claims(self) -> tuple[str, ...]:
+        """Claim id of each data residual, in `residuals` order."""
+        return tuple(c for t in self.targets for c in t.claims) + tuple(
+            p.claim for p in self.points)
 
 
 def residuals(params: InferredParams, problem: Problem) -> jnp.ndarray:
     """Whitened residuals of the fit (module docstring; traceable).
 
     Returns:
-        Shape (2 x targets + 5,), in standard deviations: per target the log misses of its
-        tokens/s per kW and E2E ratios over the data width, then per parameter (`INFERRED`
-        order) its distance from the prior centre over its prior width.
+        Shape (2 x targets + points + parameters,), in standard deviations: per target the
+        log misses of its tokens/s per kW and E2E ratios over the data width, per point
+        target its `band_miss` over the data width, then per parameter (`names` order) its
+        distance from the prior centre over its prior width.
     """
     kw, e2e = ratios(params, problem.targets, problem.chip, problem.runtime, problem.workload)
     reported_kw = jnp.stack([t.reported_kw for t in problem.targets])
     reported_e2e = jnp.stack([t.reported_e2e for t in problem.targets])
-    data = jnp.stack([jnp.log(kw) - jnp.log(reported_kw),
-                      jnp.log(e2e) - jnp.log(reported_e2e)], axis=1).reshape(-1)
+    data = [jnp.stack([jnp.log(kw) - jnp.log(reported_kw),
+                       jnp.log(e2e) - jnp.log(reported_e2e)], axis=1).reshape(-1)]
+    if problem.points:
+        chip, runtime = apply(params, problem.chip, problem.runtime)
+        data.append(jnp.stack([band_miss(point_value(p, chip, runtime, problem.workload),
+                                         p.low, p.high) for p in problem.points]))
     prior = (params.flat() - problem.centre.flat()) / problem.width.flat()
-    return jnp.concatenate([data / problem.data_width, prior])
+    return jnp.concatenate([jnp.concatenate(data) / problem.data_width, prior])
 
 
 class Inference(eqx.Module):
@@ -305,13 +445,24 @@ class Inference(eqx.Module):
     centre: InferredParams
     """The prior centre (the predicted-mode chip and runtime), unconstrained."""
     prior_width: jnp.ndarray
-    """Per parameter (`INFERRED` order), its prior width (unconstrained units)."""
+    """Per parameter (`InferredParams.names` order), its prior width (unconstrained
+    units)."""
     posterior_width: jnp.ndarray
     """Per parameter, the Gauss-Newton posterior standard deviation at `params`
     (unconstrained units)."""
     misses: jnp.ndarray
     """Per target, the log misses of the (tokens/s per kW, E2E) ratios at `params`
     (shape (targets, 2))."""
+    point_misses: jnp.ndarray
+    """Per point target, its `band_miss` at `params` (shape (points,), log units)."""
+    residual: jnp.ndarray
+    """The whitened residuals at `params` (`residuals`; standard deviations)."""
+    jacobian: jnp.ndarray
+    """Their Jacobian in the unconstrained parameters, shape (residuals, parameters)."""
+    claims: tuple[str, ...] = eqx.field(static=True, default=())
+    """Claim id of each data residual (`Problem.claims`)."""
+    names: tuple[str, ...] = eqx.field(static=True, default=INFERRED)
+    """Parameter names (`InferredParams.names`)."""
 
     @property
     def width_ratio(self) -> jnp.ndarray:
@@ -321,26 +472,96 @@ class Inference(eqx.Module):
     def identified(self) -> dict[str, bool]:
         """Per parameter, whether the data narrow it below `IDENTIFIED_BELOW` of its prior
         width (concrete only)."""
-        return {k: bool(r < IDENTIFIED_BELOW) for k, r in zip(INFERRED, self.width_ratio,
+        return {k: bool(r < IDENTIFIED_BELOW) for k, r in zip(self.names, self.width_ratio,
                                                               strict=True)}
 
     def report(self, prefix: str = "inferred_") -> dict:
-        """Flat row entries: per parameter its value and prior centre (s or fraction),
-        prior and posterior widths (log or logit units), their ratio and whether it is
-        identified; the loss and the result's message ("successful" on success)."""
+        """Flat row entries: per scalar parameter (`INFERRED`) its value and prior centre (s
+        or fraction), prior and posterior widths (log or logit units), their ratio, whether
+        it is identified and its distance from the prior centre in prior widths
+        (`_widths_from_prior`); `implausible`, the parameters (`names`) fitted more than
+        `PLAUSIBLE_WIDTHS` from their centres (comma-separated); the loss and the result's
+        message ("successful" on success). The tops are per target: `report_top`."""
         out = {}
         values, centre = self.params.values(), self.centre.values()
-        for k, prior, post in zip(INFERRED, self.prior_width, self.posterior_width,
-                                  strict=True):
+        away = np.abs(np.asarray(self.params.flat() - self.centre.flat())
+                      / np.asarray(self.prior_width))
+        # The widths go on to the tops (`report_top`): the scalars are their first entries.
+        for k, prior, post in zip(INFERRED, self.prior_width[:len(INFERRED)],
+                                  self.posterior_width[:len(INFERRED)], strict=True):
             out[prefix + k] = values[k]
             out[f"{prefix}{k}_prior"] = centre[k]
             out[f"{prefix}{k}_prior_width"] = float(prior)
             out[f"{prefix}{k}_posterior_width"] = float(post)
             out[f"{prefix}{k}_width_ratio"] = float(post / prior)
             out[f"{prefix}{k}_identified"] = bool(post / prior < IDENTIFIED_BELOW)
+        for k, a in zip(INFERRED, away[:len(INFERRED)], strict=True):
+            out[f"{prefix}{k}_widths_from_prior"] = float(a)
+        out[prefix + "implausible"] = ",".join(
+            n for n, a in zip(self.names, away, strict=True) if a > PLAUSIBLE_WIDTHS)
         out[prefix + "loss"] = float(self.loss)
         out[prefix + "result"] = message(self.result) or "successful"
         return out
+
+    def report_top(self, index: int, prefix: str = "inferred_") -> dict:
+        """Row entries of target `index`'s fitted top concurrency (requests per chip), its
+        prior centre, widths (log units), their ratio and whether it is identified; {}
+        where the tops were not fitted."""
+        if index >= self.params.top_requests.shape[0]:
+            return {}
+        j = len(INFERRED) + index
+        prior, post = float(self.prior_width[j]), float(self.posterior_width[j])
+        key = prefix + "top_requests_per_chip"
+        return {key: float(self.params.tops()[index]),
+                key + "_prior": float(self.centre.tops()[index]),
+                key + "_prior_width": prior, key + "_posterior_width": post,
+                key + "_width_ratio": post / prior,
+                key + "_identified": bool(post / prior < IDENTIFIED_BELOW)}
+
+    def unmet(self, claim: str) -> str:
+        """Why the fit leaves `claim` missed, derived from its residual and Jacobian: the
+        parameter that closes the miss in the fewest prior widths alone (linearised, the
+        others held), the value it would need and whether that is within
+        `PLAUSIBLE_WIDTHS` of its prior centre (concrete only).
+
+        Returns:
+            A sentence; "" when the fit has no residual for `claim`, or meets it.
+        """
+        if claim not in self.claims:
+            return ""
+        residual = np.asarray(self.residual)
+        jac = np.asarray(self.jacobian)
+        rows = [i for i, c in enumerate(self.claims) if c == claim]
+        i = max(rows, key=lambda r: abs(residual[r]))
+        if abs(residual[i]) == 0.0:
+            return ""
+        width = np.asarray(self.prior_width)
+        flat, centre = np.asarray(self.params.flat()), np.asarray(self.centre.flat())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = -residual[i] / jac[i]           # unconstrained units, one parameter alone
+        cost = np.where(np.isfinite(step), np.abs(step) / width, np.inf)
+        j = int(np.argmin(cost))
+        if not np.isfinite(cost[j]):
+            return f"{claim}: no fitted parameter moves it"
+        name = self.names[j]
+        needed = flat[j] + step[j]
+        away = abs(needed - centre[j]) / width[j]
+
+        def shown(x):
+            if name in FRACTIONS:
+                return f"{float(jax.nn.sigmoid(x)):.3g} of peak"
+            if name.startswith(TOP):
+                return f"{float(np.exp(x)):.3g} requests/chip"
+            return f"{float(np.exp(x)) * 1e6:.3g} us"
+
+        direction = "above" if step[j] > 0 else "below"
+        text = (f"{claim} needs {name} {direction} {shown(needed)} (the fewest prior widths "
+                f"of any one parameter, linearised, predicted {shown(centre[j])}, fitted "
+                f"{shown(flat[j])}): {away:.1f} prior widths from the prediction")
+        if away > PLAUSIBLE_WIDTHS:
+            return text + f", beyond the plausible {PLAUSIBLE_WIDTHS:g}"
+        return text + (", within the plausible range, but the fit trades it against the "
+                       "other figures and priors")
 
 
 def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
@@ -348,9 +569,9 @@ def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
                                   options={"jac": "fwd"}, max_steps=max_steps, throw=False)
     params = solution.value
     # The residuals and Jacobian of the accepted iterate (`solution.value`): the state keeps
-    # its forward-mode linearisation, materialised here by five jvps, so the solve's
-    # program is not linearised a second time (tests/test_inferred.py checks it against
-    # jax.jacfwd at the solution).
+    # its forward-mode linearisation, materialised here by one jvp per parameter, so the
+    # solve's program is not linearised a second time (tests/test_inferred.py checks it
+    # against jax.jacfwd at the solution).
     r = solution.state.f_info.residual
     jac = solution.state.f_info.jac.as_matrix()
     covariance = jnp.linalg.inv(jac.T @ jac)
@@ -358,13 +579,16 @@ def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
     loss = 0.5 * jnp.sum(r ** 2)
     finite = jnp.isfinite(loss) & jnp.all(jnp.isfinite(posterior))
     result = RESULTS.where(finite, RESULTS.promote(solution.result), RESULTS.nonfinite)
-    targets = len(problem.targets)
+    targets, points = len(problem.targets), len(problem.points)
     misses = r[:2 * targets].reshape(targets, 2) * problem.data_width
+    point_misses = r[2 * targets:2 * targets + points] * problem.data_width
     chip, runtime = apply(params, problem.chip, problem.runtime)
     return Inference(params=params, chip=chip, runtime=runtime, result=result, loss=loss,
                      steps=solution.stats["num_steps"], centre=problem.centre,
                      prior_width=problem.width.flat(),
-                     posterior_width=posterior, misses=misses)
+                     posterior_width=posterior, misses=misses, point_misses=point_misses,
+                     residual=r, jacobian=jac, claims=problem.claims(),
+                     names=start.names())
 
 
 @functools.cache
@@ -382,7 +606,7 @@ def _solver(rtol: float, atol: float) -> optx.LevenbergMarquardt:
 _solve_jit = eqx.filter_jit(_solve)
 
 
-def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *,
+def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *, points=(),
           start: InferredParams | None = None, widths: dict | None = None,
           data_width: float = DATA_WIDTH, max_steps: int = 100, rtol: float = 1e-6,
           atol: float = 1e-6, throw: bool = True) -> Inference:
@@ -391,8 +615,11 @@ def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *,
     Args:
         chip, runtime: the predicted-mode chip and runtime: the prior centre, and everything
             not fitted.
-        targets: `Target`s, one per reported pair.
+        targets: `Target`s, one per reported pair. With a `Target.top` on each, their top
+            concurrencies are fitted too (prior centre there, width `PRIOR_WIDTH[TOP]`).
         workload: request lengths.
+        points: `PointTarget`s, reported figures at fixed sweep points (per-user speeds,
+            high-interactivity ratios).
         start: the first iterate (default: the prior centre), e.g. a previous fit's
             parameters when refitting at new peak points.
         widths: prior widths by parameter, overriding `PRIOR_WIDTH` (log or logit units).
@@ -407,8 +634,9 @@ def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *,
         each parameter.
 
     Raises:
-        ValueError: no targets, a bad prior width or data width, or a prior centre at the
-            edge of its domain (a zero time, a fraction of 0 or 1).
+        ValueError: no targets, a bad prior width or data width, a prior centre at the
+            edge of its domain (a zero time, a fraction of 0 or 1), or a top on some
+            targets but not all.
         RuntimeError: with `throw`, the fit did not succeed (step limit, non-finite
             residuals or Jacobian).
 
@@ -427,17 +655,31 @@ def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *,
         raise ValueError("infer needs at least one target (a reported pair to fit)")
     if not data_width > 0:
         raise ValueError(f"data_width is {data_width!r}: give a positive width (log units)")
-    centre = InferredParams.of(chip, runtime)
-    for name, value in zip(INFERRED, centre.flat(), strict=True):
+    given = [bool(jnp.isfinite(t.top)) for t in targets]
+    if any(given) and not all(given):
+        raise ValueError(f"targets {[i for i, g in enumerate(given) if not g]} have no top "
+                         "(Target.top NaN) but others do: give every target a top "
+                         "concurrency, or none")
+    tops = [float(t.top) for t in targets] if all(given) else []
+    for i, top in enumerate(tops):
+        if not top > 0:
+            raise ValueError(f"targets[{i}].top is {top!r}: give a positive number of "
+                             "requests per chip")
+    centre = InferredParams.of(chip, runtime, tops)
+    for name, value in zip(INFERRED, centre.flat(), strict=False):
         if not jnp.isfinite(value):
             where = "runtime" if name == "step_overhead" else "chip.efficiency"
             raise ValueError(f"{where}.{name} is {centre.values()[name]!r}: the prior centre "
                              "needs a positive time, or a fraction strictly between 0 and 1")
     problem = Problem(targets=targets, chip=chip, runtime=runtime, workload=workload,
-                      centre=centre, width=InferredParams.widths(widths),
-                      data_width=jnp.asarray(float(data_width)))
+                      centre=centre, width=InferredParams.widths(widths, len(tops)),
+                      data_width=jnp.asarray(float(data_width)), points=tuple(points))
     start = centre if start is None else jax.tree.map(lambda x: jnp.asarray(x, dtype=float),
                                                       start)
+    if start.top_requests.shape != centre.top_requests.shape:
+        raise ValueError(f"start.top_requests has shape {start.top_requests.shape}, the "
+                         f"targets' tops {centre.top_requests.shape}: start from a fit of "
+                         "the same targets")
     out = _solve_jit(start, problem, _solver(rtol, atol), max_steps)
     check(out.result, "infer", throw, f"loss {float(out.loss):.6g} after {int(out.steps)} "
                                       "steps")

@@ -35,11 +35,14 @@ cannot have used. Two modes:
 
 - predicted: Jalapeno from its reported specs (`data/chips.csv`, assumptions listed there)
   with the efficiencies and power coefficients fitted on GPUs; nothing tuned to the ratios.
-- inferred: Jalapeno's fixed per-kernel and per-step costs, attention efficiency and
-  achievable bandwidth fraction fitted (`perfmodel.studies.inferred`: Levenberg-Marquardt
-  on the log misses of the reported peak tokens/s per kW and E2E ratios, with priors at the
-  predicted-mode values) at the predicted peaks, the sweep re-run on the inferred chip and
-  runtime, refitted at the new peaks and re-run. The values, and how far the reported
+- inferred: Jalapeno's fixed per-kernel and per-step costs, attention efficiency,
+  achievable bandwidth fraction and per model its top concurrency fitted
+  (`perfmodel.studies.inferred`: Levenberg-Marquardt on the log misses of every reported
+  figure, J01-J09: the peak tokens/s per kW and E2E ratios, the per-user speeds at the
+  low-concurrency point and the per-kW ratio at the high-interactivity point against their
+  bands, with priors at the predicted-mode values) at the predicted points, the sweep re-run
+  on the inferred chip and runtime at the fitted tops, refitted at the new points and
+  re-run. The values, and how far the reported
   ratios identify each one (posterior against prior width), are reported.
 """
 
@@ -60,7 +63,7 @@ from ..sweep import DEFAULT_GRID, Sweep, auto_chips, default_runtime, sweep
 from ..workload import Workload
 from .baseline import applies as recipe_applies
 from .baseline import recipe_points
-from .inferred import Target, infer
+from .inferred import PointTarget, Target, infer
 
 #: The reported pairs (shared/data/jalapeno_claims.csv J01-J06): model, baseline, and the
 #: claim ids of tokens/s per kW at peak throughput and of the E2E latency ratio.
@@ -73,6 +76,78 @@ def reported_claims() -> dict[str, dict]:
     """The claims file shipped with the package (`data/jalapeno_claims.csv`), by claim id."""
     text = resources.files("perfmodel").joinpath("data", "jalapeno_claims.csv").read_text()
     return {row["claim_id"]: row for row in csv.DictReader(text.splitlines())}
+
+
+#: The per-user speed claim of each model (jalapeno_claims.csv: J08 DeepSeek-R1, J09
+#: gpt-oss-120b and Kimi-K2.5), at the low-concurrency point.
+SPEED_CLAIMS = {"gpt-oss-120b": "J09", "deepseek-r1": "J08", "kimi-k2.5": "J09"}
+
+#: The claim of the tokens/s per kW ratio at the high-interactivity point (a range over the
+#: three models).
+HIGH_INTERACTIVITY_CLAIM = "J07"
+
+#: A figure is met within this relative distance of its reported value or band (issue 21's
+#: acceptance: every reported figure within 15 %).
+CLAIM_TOLERANCE = 0.15
+
+
+def claim_band(claim_id: str) -> tuple[float, float]:
+    """The band [low, high] of a reported figure's value in the claims file: "a-b" a range,
+    ">a" at least a (high inf), "~a" or "a" the value itself (low = high).
+
+    Example:
+        >>> claim_band("J07"), claim_band("J08"), claim_band("J09"), claim_band("J01")
+        ((2.1, 4.1), (700.0, inf), (1400.0, 1400.0), (1.9, 1.9))
+    """
+    text = reported_claims()[claim_id]["value"].strip().replace(",", "")
+    if text.startswith(">"):
+        return float(text[1:]), float("inf")
+    text = text.lstrip("~")
+    if "-" in text:
+        low, high = text.split("-")
+        return float(low), float(high)
+    return float(text), float(text)
+
+
+def _claim_keys(model: str) -> dict[str, str]:
+    """Claim id -> the row key holding the figure it reports, for a model's row."""
+    out = {}
+    for name, _, kw_id, e2e_id in PAIRS:
+        if name == model:
+            out[kw_id] = "ratio_tok_s_per_kw_at_peak"
+            out[e2e_id] = "ratio_e2e_latency"
+            out[HIGH_INTERACTIVITY_CLAIM] = "ratio_tok_s_per_kw_high_interactivity"
+    if model in SPEED_CLAIMS:
+        out[SPEED_CLAIMS[model]] = "interactivity_low_concurrency"
+    return out
+
+
+def claim_checks(row: dict) -> dict:
+    """Per claim a row can evaluate (its model's pair, J07, its speed claim): the row's
+    value (`claim_<id>_value`), the reported text (`claim_<id>_reported`) and whether the
+    value is within `CLAIM_TOLERANCE` of the reported band (`claim_<id>_within_15pct`).
+
+    Example:
+        >>> row = {"model": "deepseek-r1", "ratio_tok_s_per_kw_at_peak": 1.8,
+        ...        "ratio_e2e_latency": 2.0, "ratio_tok_s_per_kw_high_interactivity": 0.8,
+        ...        "interactivity_low_concurrency": 650.0}
+        >>> c = claim_checks(row)
+        >>> c["claim_J03_within_15pct"], c["claim_J04_within_15pct"], c["claim_J08_reported"]
+        (True, False, '>700')
+        >>> c["claim_J08_within_15pct"], c["claim_J07_within_15pct"]
+        (True, False)
+    """
+    out = {}
+    for claim, key in _claim_keys(row["model"]).items():
+        if key not in row:
+            continue
+        low, high = claim_band(claim)
+        value = float(row[key])
+        out[f"claim_{claim}_value"] = value
+        out[f"claim_{claim}_reported"] = reported_claims()[claim]["value"]
+        out[f"claim_{claim}_within_15pct"] = bool(
+            low * (1.0 - CLAIM_TOLERANCE) <= value <= high * (1.0 + CLAIM_TOLERANCE))
+    return out
 
 
 def reported_ratios(model: str) -> dict:
@@ -117,6 +192,20 @@ class ChipPoints:
         v = self.points if self.points is not None else self.sweep.values
         ok = v["interactivity"] >= threshold
         return float(np.max(v["tok_s_per_kw_tdp"][ok])) if ok.any() else float("nan")
+
+    def high_interactivity_point(self, threshold: float) -> tuple[str, float] | None:
+        """(layout, concurrency per replica) of the sweep's high-interactivity point (the
+        most tokens/s per kW at or above `threshold` tokens/s/user), or None (no point
+        reaches it, or the points are not the sweep's alone)."""
+        if self.points is not None:
+            return None
+        v = self.sweep.values
+        ok = v["interactivity"] >= threshold
+        if not ok.any():
+            return None
+        best = int(np.argmax(np.where(ok, v["tok_s_per_kw_tdp"], -np.inf)))
+        layout = self.sweep.layouts[int(self.sweep.layout_index[best])]
+        return layout.describe(), float(v["concurrency"][best]) / layout.replicas
 
 
 #: Interactivity floor of the "floor" peak definition (tokens/s/user).
@@ -368,6 +457,26 @@ def _row(model, mode, a: ChipPoints, b: ChipPoints, threshold, extra) -> dict:
     return row
 
 
+def _unmet(fit, model: str, row: dict) -> str:
+    """Why each of the row's claims missed by more than `CLAIM_TOLERANCE` is missed
+    ("; "-joined; "" when all are met): the fit's reason (`Inference.unmet`), or, where the
+    fit met it at its points, that the re-sweep moved the operating point."""
+    reasons = []
+    for claim in _claim_keys(model):
+        if row.get(f"claim_{claim}_within_15pct", True):
+            continue
+        key = claim if claim in fit.claims else f"{claim} {model}"
+        reason = fit.unmet(key)
+        if not reason:
+            reason = (f"{key}: met at the fit's points, missed after the re-sweep moved the "
+                      "operating point" if key in fit.claims else
+                      f"{key}: not fitted (no point of the sweep reaches it)")
+        value = row[f"claim_{claim}_value"]
+        reasons.append(f"{reason} (value {value:.3g}, reported "
+                       f"{row[f'claim_{claim}_reported']})")
+    return "; ".join(reasons)
+
+
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,
             osl: int = 1024, reported: bool = False, modes=("predicted", "inferred"),
             chips: int | None = None, grid=DEFAULT_GRID, threshold: float | None = None,
@@ -415,7 +524,13 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         fitted parameter (`inferred.INFERRED`) `inferred_<name>` (its value, s or a
         fraction), `inferred_<name>_prior_width`, `_posterior_width`, `_width_ratio` and
         `_identified` (`inferred.Inference.report`), with `inferred_hbm_tb_s_achievable`,
-        `inferred_loss`, `inferred_steps` and `inferred_result`.
+        `inferred_loss`, `inferred_steps` and `inferred_result`; per row its fitted top
+        `inferred_top_requests_per_chip` (with `_prior`, widths and `_identified`,
+        `Inference.report_top`) and `inferred_unmet` (why each figure missed by more than
+        15 % is missed, `Inference.unmet`; "" when all are met). With `reported`, every
+        row has per claim it evaluates (`claim_checks`: J01-J06 of its pair, J07, its
+        speed claim J08 or J09) `claim_<id>_value`, `claim_<id>_reported` and
+        `claim_<id>_within_15pct`.
 
     Raises:
         ValueError: unknown names, modes, peak definitions or top rules, or baselines not
@@ -468,9 +583,12 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         shown.update(1)
         return result
 
-    def points_of(m, c, runtime=None):
+    def points_of(m, c, runtime=None, fitted_top=None):
         n = compared_chips(m, c, workload, chips, wide)
-        if peak == "floor":
+        if fitted_top is not None:
+            result = chip_points(m, c, workload, n, grid, peak="top", top=fitted_top,
+                                 runtime=runtime)
+        elif peak == "floor":
             result = chip_points(m, c, workload, n, grid, peak="floor", runtime=runtime)
         elif chip_top == "interactivity":
             result = chip_points(m, c, workload, n, grid, peak="floor",
@@ -507,55 +625,90 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         predicted[m] = points_of(m, target)
     out = []
 
-    def emit(mode, points, extra):
+    def threshold_of(m, points):
+        return threshold if threshold is not None else \
+            0.5 * min(points[m].max_interactivity, base_points[m].max_interactivity)
+
+    def emit(mode, points, extra, per_model=None, fit=None):
         for m in models:
             a, b = points[m], base_points[m]
-            thr = threshold if threshold is not None else \
-                0.5 * min(a.max_interactivity, b.max_interactivity)
-            row = _row(m, mode, a, b, thr, extra)
+            row = _row(m, mode, a, b, threshold_of(m, points), extra)
             row.update(definition(m))
+            row.update((per_model or {}).get(m, {}))
             if reported:
                 rep = reported_ratios(m)
                 if rep and rep["baseline"] == b.chip:
                     row.update({k: v for k, v in rep.items() if k != "baseline"})
+                    row.update(claim_checks(row))
             row.update(consistency(row))
+            if fit is not None and reported:
+                row["inferred_unmet"] = _unmet(fit, m, row)
             out.append(row)
 
     if "predicted" in modes:
         emit("predicted", predicted, {})
     if "inferred" in modes:
+        # The predicted top (requests per chip) is the prior centre of each fitted top; the
+        # "interactivity" rule and the floor peak have none, and their tops are not fitted.
+        fit_tops = peak == "top" and chip_top != "interactivity"
+
+        def fitted_models():
+            return [m for m in models if reported_ratios(m)
+                    and reported_ratios(m)["baseline"] == base_points[m].chip]
+
         def targets_at(points):
-            targets = []
-            for m in models:
+            targets, extra = [], []
+            for m in fitted_models():
                 rep = reported_ratios(m)
-                if not rep or rep["baseline"] != base_points[m].chip:
-                    continue
                 layout = Layout.parse(points[m].peak_layout)
+                top = definition(m)["chip_top_requests_per_chip"] if fit_tops \
+                    else float("nan")
+                claims = rep["reported_claims"].split(",")
                 targets.append(Target(
                     m, layout, concurrency=points[m].peak_concurrency / layout.replicas,
                     baseline_kw=base_points[m].peak_tok_s_per_kw,
                     baseline_e2e=base_points[m].peak_e2e_s,
                     reported_kw=rep["reported_ratio_tok_s_per_kw_at_peak"],
-                    reported_e2e=rep["reported_ratio_e2e_latency"]))
-            return targets
+                    reported_e2e=rep["reported_ratio_e2e_latency"], top=top,
+                    claims=(claims[0], claims[1])))
+                if m in SPEED_CLAIMS:
+                    # One request on one replica of the sweep's low-concurrency layout.
+                    extra.append(PointTarget(
+                        f"{SPEED_CLAIMS[m]} {m}", m, Layout.parse(points[m].low_layout), 1.0,
+                        "interactivity", 1.0, *claim_band(SPEED_CLAIMS[m])))
+                hi = points[m].high_interactivity_point(threshold_of(m, points))
+                base_hi = base_points[m].high_interactivity_tok_s_per_kw(
+                    threshold_of(m, points))
+                if hi is not None and np.isfinite(base_hi):
+                    extra.append(PointTarget(
+                        f"{HIGH_INTERACTIVITY_CLAIM} {m}", m, Layout.parse(hi[0]), hi[1],
+                        "tok_s_per_kw", base_hi, *claim_band(HIGH_INTERACTIVITY_CLAIM)))
+            return targets, extra
 
-        targets = targets_at(predicted)
+        targets, extra_points = targets_at(predicted)
         if targets:
-            # Fit at the peaks of the predicted chip, re-sweep, refit at the new peaks (the
-            # prior stays at the predicted chip), re-sweep.
+            # Fit at the predicted chip's points, re-sweep at the fitted tops, refit at the
+            # new points (the prior stays at the predicted chip and top), re-sweep.
             runtime = default_runtime(target)
-            fit = infer(target, runtime, targets, workload, max_steps=infer_steps,
-                        throw=throw)
-            shown.update(1)
-            points = {m: points_of(m, fit.chip, fit.runtime) for m in models}
-            fit = infer(target, runtime, targets_at(points), workload, start=fit.params,
+            fit = infer(target, runtime, targets, workload, points=extra_points,
                         max_steps=infer_steps, throw=throw)
             shown.update(1)
-            points = {m: points_of(m, fit.chip, fit.runtime) for m in models}
+
+            def resweep(fit):
+                tops = dict(zip(fitted_models(), fit.params.tops(), strict=False))
+                return {m: points_of(m, fit.chip, fit.runtime, tops.get(m)) for m in models}
+
+            points = resweep(fit)
+            targets, extra_points = targets_at(points)
+            fit = infer(target, runtime, targets, workload, points=extra_points,
+                        start=fit.params, max_steps=infer_steps, throw=throw)
+            shown.update(1)
+            points = resweep(fit)
             extra = fit.report()
             extra["inferred_hbm_tb_s_achievable"] = (
                 extra["inferred_bandwidth_max"] * float(target.hbm_bandwidth) / 1e12)
             extra["inferred_steps"] = int(fit.steps)
-            emit("inferred", points, extra)
+            per_model = {m: fit.report_top(i) for i, m in enumerate(fitted_models())}
+            emit("inferred", points, extra, per_model, fit)
     shown.close()
     return out
