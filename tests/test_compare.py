@@ -11,19 +11,21 @@ import pytest
 from perfmodel.cli import main
 from perfmodel.design import Layout
 from perfmodel.presets import get_chip
+from perfmodel.studies import claims
 from perfmodel.studies import jalapeno as cmp
-from perfmodel.studies.inferred import INFERRED, InferredParams, Problem, Target, residuals
+from perfmodel.studies.inferred import INFERRED, InferredParams, Problem, residuals
+from perfmodel.studies.targets import Target
 from perfmodel.workload import Workload
 
 
 def test_reported_ratios_match_claims_file():
     # shared/data/jalapeno_claims.csv J01/J02 (GB200), J03-J06 (GB300).
-    gpt = cmp.reported_ratios("gpt-oss-120b")
+    gpt = claims.reported_ratios("gpt-oss-120b")
     assert gpt["baseline"] == "gb200"
     assert gpt["reported_ratio_tok_s_per_kw_at_peak"] == pytest.approx(1.9)
     assert gpt["reported_ratio_e2e_latency"] == pytest.approx(1.7)
-    assert cmp.reported_ratios("kimi-k2.5")["reported_ratio_e2e_latency"] == pytest.approx(3.4)
-    assert cmp.reported_ratios("llama-3.1-8b") == {}
+    assert claims.reported_ratios("kimi-k2.5")["reported_ratio_e2e_latency"] == pytest.approx(3.4)
+    assert claims.reported_ratios("llama-3.1-8b") == {}
 
 
 def test_layout_round_trip():
@@ -126,7 +128,7 @@ def test_cli_acceptance_reported_json(capsys):
     rows = data["rows"]
     assert data["inputs"]["chip"] == "jalapeno" and data["inputs"]["isl"] == 8192
     pairs = {(r["model"], r["baseline"], r["mode"]) for r in rows}
-    for model, baseline, _, _ in cmp.PAIRS:
+    for model, baseline, _, _ in claims.PAIRS:
         for mode in ("predicted", "inferred"):
             assert (model, baseline, mode) in pairs
     for r in rows:
@@ -145,7 +147,7 @@ def test_cli_acceptance_reported_json(capsys):
             assert r["inferred_top_requests_per_chip"] > 0.0
             assert isinstance(r["inferred_unmet"], str)
         # Every row evaluates its pair, J07 and its speed claim against the report.
-        speed = cmp.SPEED_CLAIMS[r["model"]]
+        speed = claims.SPEED_CLAIMS[r["model"]]
         for claim in ("J07", speed):
             assert math.isfinite(r[f"claim_{claim}_value"]), claim
             assert isinstance(r[f"claim_{claim}_within_15pct"], bool)
@@ -205,13 +207,13 @@ def test_gpu_top_concurrency_rederived_from_inferencemax_rows():
 def test_claim_bands_read_from_claims_file():
     """J01-J09's bands come from jalapeno_claims.csv (a value, a range, a lower bound), and
     a row value is met within 15 % of its band."""
-    assert cmp.claim_band("J04") == (3.6, 3.6)
-    assert cmp.claim_band("J07") == (2.1, 4.1)
-    assert cmp.claim_band("J08") == (700.0, math.inf)
+    assert claims.claim_band("J04") == (3.6, 3.6)
+    assert claims.claim_band("J07") == (2.1, 4.1)
+    assert claims.claim_band("J08") == (700.0, math.inf)
     row = {"model": "gpt-oss-120b", "ratio_tok_s_per_kw_at_peak": 1.9 * 1.16,
            "ratio_e2e_latency": 1.7 * 0.86, "ratio_tok_s_per_kw_high_interactivity": 4.5,
            "interactivity_low_concurrency": 1000.0}
-    c = cmp.claim_checks(row)
+    c = claims.claim_checks(row)
     assert set(k[6:9] for k in c) == {"J01", "J02", "J07", "J09"}
     assert not c["claim_J01_within_15pct"] and c["claim_J02_within_15pct"]
     assert c["claim_J07_within_15pct"] and not c["claim_J09_within_15pct"]
@@ -224,7 +226,7 @@ def test_consistency_reported_pair_implies_requests_ratio():
            "reported_ratio_tok_s_per_kw_at_peak": 1.9, "reported_ratio_e2e_latency": 1.7,
            "baseline_ttft_s_at_peak": 1.0, "baseline_interactivity_at_peak": 50.0,
            "output_len": 1024.0}
-    c = cmp.consistency(row)
+    c = claims.consistency(row)
     assert c["requests_per_chip_ratio_at_peak"] == pytest.approx(0.5)
     assert c["littles_law_ratio_tok_s_per_kw"] == pytest.approx(2.0 * 1200 / 700 * 0.5)
     assert c["implied_requests_per_chip_ratio"] == pytest.approx(1.9 / (1.7 * 1200 / 700))
@@ -234,6 +236,6 @@ def test_consistency_reported_pair_implies_requests_ratio():
     # A pair at the TDP ratio is consistent with matched throughput per chip, and an E2E
     # ratio within the TTFT bound (1 + 1 s x 50 / 1024) with matched interactivity.
     row.update(reported_ratio_tok_s_per_kw_at_peak=1.7, reported_ratio_e2e_latency=1.04)
-    c = cmp.consistency(row)
+    c = claims.consistency(row)
     assert c["check_matched_throughput_per_chip"].startswith("consistent")
     assert c["check_matched_interactivity"].startswith("consistent")

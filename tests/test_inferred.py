@@ -15,16 +15,13 @@ from perfmodel.studies.inferred import (
     PRIOR_WIDTH,
     TOP,
     InferredParams,
-    PointTarget,
     Problem,
-    Target,
     apply,
-    band_miss,
     infer,
-    point_value,
     ratios,
     residuals,
 )
+from perfmodel.studies.targets import PointTarget, Target, band_miss, point_value
 from perfmodel.sweep import default_runtime
 from perfmodel.workload import Workload
 

@@ -53,7 +53,7 @@ def _chip_top(text: str):
 
 
 def _checks(rows) -> list[str]:
-    """The consistency lines printed under the table (`jalapeno.consistency`)."""
+    """The consistency lines printed under the table (`claims.consistency`)."""
     lines = ["# checks (Little's law: x tok/s/kW = x E2E x TDP ratio x requests-per-chip "
              "ratio):"]
     for r in rows:
@@ -187,7 +187,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from ..presets import find_model
-    from ..studies.jalapeno import PAIRS, compare
+    from ..studies.claims import PAIRS
+    from ..studies.jalapeno import compare
 
     check_lengths(args.isl, args.osl)
     models = _names(args.model) if args.model else [p[0] for p in PAIRS]
