@@ -29,8 +29,6 @@ import argparse
 import csv
 import sys
 
-from ..calibration import PREDICTION_KEYS, predict_rows
-from ..calibration.intervals import INTERVAL_KEYS
 from ..datasets import INFERENCEMAX_INPUTS, DataError, load_benchmarks, read_table
 from . import check_output, provenance, versions
 
@@ -87,6 +85,10 @@ def predict_file(path: str, interval: float | None = None) -> tuple[list[str], l
         raise DataError(f"{path}, line 1: missing column(s) {', '.join(map(repr, missing))}; "
                         "expected the columns of benchmarks_inferencemax.csv or of "
                         "power_measurements.csv or of benchmarks_mlperf.csv")
+    # Imported here: every command registers this module, and the calibration package is
+    # a third of a second of imports that only this path uses.
+    from ..calibration import PREDICTION_KEYS, predict_rows
+    from ..calibration.intervals import INTERVAL_KEYS
     rows = load_benchmarks(path)
     predictions = predict_rows(rows, interval=interval)
     keys = PREDICTION_KEYS + (() if interval is None else tuple(
