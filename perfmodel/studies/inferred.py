@@ -68,7 +68,7 @@ from ..design import Runtime
 from ..hardware import Chip
 from ..solvers import RESULTS, check, message
 from ..workload import Workload
-from .targets import PointTarget, Target, band_miss, peak_metrics, point_value
+from .targets import PointTarget, Target, band_miss, replica_metrics
 
 #: Fitted parameters, in the order of `InferredParams`' fields and of the Jacobian columns.
 INFERRED = ("memory_latency", "kernel_overhead", "step_overhead", "attention_max",
@@ -240,19 +240,46 @@ def ratios(params: InferredParams, targets, chip: Chip, runtime: Runtime,
         (tokens/s per kW ratios, chip over baseline; E2E ratios, baseline over chip), each
         of shape (targets,), dimensionless.
     """
-    targets = tuple(targets)
+    kw, e2e, _ = _evaluate(params, tuple(targets), (), chip, runtime, workload)
+    return kw, e2e
+
+
+def _evaluate(params: InferredParams, targets, points, chip: Chip, runtime: Runtime,
+              workload: Workload):
+    """(per-kW ratios, E2E ratios) of the targets' peak points and the value of each point
+    target, with `params` applied. The points of one model are evaluated in one vmapped
+    call (layouts as numbers): the solve then traces and compiles the serving model once
+    per model, not once per point."""
     fitted = params.top_requests.shape[0]
     if fitted not in (0, len(targets)):
         raise ValueError(f"params.top_requests has {fitted} entries for {len(targets)} "
                          "targets: give one per target, or none")
     chip, runtime = apply(params, chip, runtime)
-    kw, e2e = [], []
-    for i, t in enumerate(targets):
-        top = jnp.exp(params.top_requests[i]) if fitted else None
-        k, e = peak_metrics(t, chip, runtime, workload, top)
-        kw.append(k / t.baseline_kw)
-        e2e.append(t.baseline_e2e / e)
-    return jnp.stack(kw), jnp.stack(e2e)
+    calls = [(t.model, t.layout, jnp.exp(params.top_requests[i]) * t.layout.chips_per_instance
+              if fitted else t.concurrency) for i, t in enumerate(targets)]
+    calls += [(p.model, p.layout, p.concurrency) for p in points]
+    out = [None] * len(calls)
+    for model in dict.fromkeys(c[0] for c in calls):
+        which = [k for k, c in enumerate(calls) if c[0] == model]
+        layouts = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs),
+                                         *[calls[k][1] for k in which])
+        concurrency = jnp.stack([jnp.asarray(calls[k][2], dtype=float) for k in which])
+
+        def one(layout, c, model=model):
+            m = replica_metrics(model, layout, c, chip, runtime, workload)
+            return m.tok_s_per_kw_tdp, m.e2e, m.interactivity
+
+        kw, e2e, speed = jax.vmap(one)(layouts, concurrency)
+        for j, k in enumerate(which):
+            out[k] = (kw[j], e2e[j], speed[j])
+    n = len(targets)
+    kw = jnp.stack([out[i][0] / t.baseline_kw for i, t in enumerate(targets)]) if n \
+        else jnp.zeros((0,))
+    e2e = jnp.stack([t.baseline_e2e / out[i][1] for i, t in enumerate(targets)]) if n \
+        else jnp.zeros((0,))
+    values = [(out[n + j][2] if p.metric == "interactivity" else out[n + j][0]) / p.baseline
+              for j, p in enumerate(points)]
+    return kw, e2e, values
 
 
 class Problem(eqx.Module):
@@ -290,15 +317,15 @@ def residuals(params: InferredParams, problem: Problem) -> jnp.ndarray:
         target its `band_miss` over the data width, then per parameter (`names` order) its
         distance from the prior centre over its prior width.
     """
-    kw, e2e = ratios(params, problem.targets, problem.chip, problem.runtime, problem.workload)
+    kw, e2e, values = _evaluate(params, problem.targets, problem.points, problem.chip,
+                                problem.runtime, problem.workload)
     reported_kw = jnp.stack([t.reported_kw for t in problem.targets])
     reported_e2e = jnp.stack([t.reported_e2e for t in problem.targets])
     data = [jnp.stack([jnp.log(kw) - jnp.log(reported_kw),
                        jnp.log(e2e) - jnp.log(reported_e2e)], axis=1).reshape(-1)]
     if problem.points:
-        chip, runtime = apply(params, problem.chip, problem.runtime)
-        data.append(jnp.stack([band_miss(point_value(p, chip, runtime, problem.workload),
-                                         p.low, p.high) for p in problem.points]))
+        data.append(jnp.stack([band_miss(v, p.low, p.high)
+                               for v, p in zip(values, problem.points, strict=True)]))
     prior = (params.flat() - problem.centre.flat()) / problem.width.flat()
     return jnp.concatenate([jnp.concatenate(data) / problem.data_width, prior])
 

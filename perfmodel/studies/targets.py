@@ -14,13 +14,22 @@ import dataclasses
 import equinox as eqx
 import jax.numpy as jnp
 
-from ..design import Design, Layout, Runtime, precision
+from ..design import Design, Layout, LayoutNumbers, Runtime, precision
 from ..hardware import Chip
 from ..kvcache import max_batch
 from ..presets import get_model
 from ..serving import predict
 from ..smooth import smooth_min
 from ..workload import Workload
+
+
+def _one_replica(layout: Layout | LayoutNumbers) -> LayoutNumbers:
+    # As numbers: a refit after the re-sweep moves the peak to another layout, and static
+    # layouts would make it another program to trace and compile (16 s and 45 s each on 2
+    # cores for the three reported pairs); as numbers the refit reuses the first's.
+    if isinstance(layout, Layout):
+        return dataclasses.replace(layout, replicas=1).numbers()
+    return eqx.tree_at(lambda n: n.replicas, layout, jnp.ones_like(layout.replicas))
 
 
 def _number(x):
@@ -37,14 +46,15 @@ class Target(eqx.Module):
         >>> t = Target("gpt-oss-120b", Layout.parse("tp2-dpa"), concurrency=128.0,
         ...            baseline_kw=86_000.0, baseline_e2e=70.0, reported_kw=1.9,
         ...            reported_e2e=1.7)
-        >>> t.layout.tp, float(t.reported_kw)
+        >>> int(t.layout.tp), float(t.reported_kw)
         (2, 1.9)
     """
 
     model: str = eqx.field(static=True)
     """Model preset name."""
-    layout: Layout = eqx.field(static=True)
-    """The peak point's layout (its replicas are ignored: one replica is evaluated)."""
+    layout: LayoutNumbers = eqx.field(converter=_one_replica)
+    """The peak point's layout, as numbers of one replica (a `Layout` is converted; one
+    replica is evaluated)."""
     concurrency: jnp.ndarray = eqx.field(converter=_number)
     """Requests in flight per replica at the peak (requests; capped by the batch that fits
     as the parameters move)."""
@@ -80,8 +90,8 @@ class PointTarget(eqx.Module):
     """Claim id (jalapeno_claims.csv)."""
     model: str = eqx.field(static=True)
     """Model preset name."""
-    layout: Layout = eqx.field(static=True)
-    """The point's layout (one replica is evaluated)."""
+    layout: LayoutNumbers = eqx.field(converter=_one_replica)
+    """The point's layout, as numbers of one replica (a `Layout` is converted)."""
     concurrency: jnp.ndarray = eqx.field(converter=_number)
     """Requests in flight per replica (requests; capped by the batch that fits)."""
     metric: str = eqx.field(static=True)
@@ -114,12 +124,13 @@ def band_miss(value, low, high) -> jnp.ndarray:
     return jnp.where(below < 0, below, jnp.where(above > 0, above, 0.0))
 
 
-def _point(model_name, layout: Layout, concurrency, chip: Chip, runtime: Runtime,
-           workload: Workload):
-    # One replica of `layout` at `concurrency` requests, capped by the batch that fits.
+def replica_metrics(model_name: str, single: LayoutNumbers, concurrency, chip: Chip,
+                    runtime: Runtime, workload: Workload):
+    """`Metrics` of one replica (`single`, layout numbers) at `concurrency` requests,
+    capped by the batch that fits with `chip` and `runtime` (traceable, vmappable over the
+    layout and the concurrency)."""
     model = get_model(model_name)
     prec = precision(chip, model, "fp4")
-    single = dataclasses.replace(layout, replicas=1)
     context = workload.mean_input_len + workload.mean_output_len / 2.0
     fit = max_batch(model, single, prec, chip.hbm_capacity, context, runtime.memory_fraction,
                     runtime.activation_reserve, None, chip.num_slices)
@@ -136,13 +147,13 @@ def peak_metrics(target: Target, chip: Chip, runtime: Runtime, workload: Workloa
     envelope theorem the gradient of the sweep's maximum is the gradient at its maximiser,
     so between re-sweeps this point stands in for the peak."""
     conc = target.concurrency if top is None else top * target.layout.chips_per_instance
-    m = _point(target.model, target.layout, conc, chip, runtime, workload)
+    m = replica_metrics(target.model, target.layout, conc, chip, runtime, workload)
     return m.tok_s_per_kw_tdp, m.e2e
 
 
 def point_value(target: PointTarget, chip: Chip, runtime: Runtime, workload: Workload):
     """The metric of a `PointTarget` over its baseline (traceable): tokens/s/user, or a
     tokens/s per kW ratio."""
-    m = _point(target.model, target.layout, target.concurrency, chip, runtime, workload)
+    m = replica_metrics(target.model, target.layout, target.concurrency, chip, runtime, workload)
     value = m.interactivity if target.metric == "interactivity" else m.tok_s_per_kw_tdp
     return value / target.baseline
