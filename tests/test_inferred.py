@@ -92,6 +92,7 @@ def test_invalid_widths_and_targets_raise():
         infer(CHIP, RUNTIME, _targets((1.0,) * 3, (1.0,) * 3), WORKLOAD, data_width=-1.0)
 
 
+@pytest.mark.slow   # with the module's fit: the solve compiles the serving model (10-30 CPU s)
 def test_fit_recovers_synthetic_parameters(synthetic):
     """Started at the predicted chip, 0.5 (log or logit) away from the truth in step
     overhead and bandwidth fraction, the fit returns to the truth and succeeds."""
@@ -110,6 +111,7 @@ def test_fit_recovers_synthetic_parameters(synthetic):
                                rtol=1e-12)
 
 
+@pytest.mark.slow   # with the module's fit: the solve compiles the serving model (10-30 CPU s)
 def test_fit_reports_identification(synthetic):
     """The bandwidth fraction and step overhead are identified (posterior width far below
     the prior's); the memory latency and attention efficiency, which barely move these
@@ -135,6 +137,7 @@ def test_fit_reports_identification(synthetic):
     assert row["inferred_implausible"] == ""
 
 
+@pytest.mark.slow   # with the module's fit: the solve compiles the serving model (10-30 CPU s)
 def test_nonfinite_residual_is_not_silent(synthetic):
     """A reported ratio of 0 (log -inf) gives a non-finite residual: the result says so,
     and `throw` (the default) raises. The same targets' structure: no recompile."""
@@ -148,6 +151,7 @@ def test_nonfinite_residual_is_not_silent(synthetic):
         infer(CHIP, RUNTIME, bad, WORKLOAD, widths=WIDTHS, data_width=DATA_WIDTH)
 
 
+@pytest.mark.slow   # with the module's fit: the solve compiles the serving model (10-30 CPU s)
 def test_residuals_jitted_agree_with_eager(synthetic):
     targets, fit = synthetic
     # One target: the eager serving model runs op by op (seconds per target).
@@ -164,6 +168,7 @@ def test_residuals_jitted_agree_with_eager(synthetic):
                                / InferredParams.widths(WIDTHS).flat(), rtol=1e-12)
 
 
+@pytest.mark.slow   # with the module's fit: the solve compiles the serving model (10-30 CPU s)
 def test_posterior_widths_are_those_of_a_fresh_jacobian(synthetic):
     """`infer` reads the Jacobian from the solver's state: it is that of the solution."""
     targets, fit = synthetic
@@ -227,6 +232,7 @@ def test_band_miss_one_sided():
     assert float(grad) == 0.0
 
 
+@pytest.mark.slow   # traces the residuals through the serving model (8 CPU s)
 def test_speed_residual_zero_when_met_and_not_otherwise():
     """A per-user speed target ("> low" tokens/s/user, one request on one TP1 replica):
     its residual is 0 when the model's speed is above the bound and the whitened log
