@@ -103,16 +103,23 @@ class filter_jit:
         if loaded is not None:
             out_tree, call = loaded
             return Lowered(call.lower(*leaves), out_tree, treedef)
-        out_tree = []
-
-        def flat(*xs):
-            a, k = eqx.combine(jax.tree_util.tree_unflatten(treedef, xs), static)
-            out, tree = jax.tree_util.tree_flatten(self.fun(*a, **k))
-            out_tree.append(tree)
-            return out
-
+        flat, out_tree = _flat(self.fun, static, treedef)
         lowered = jax.jit(flat, compiler_options=options).lower(*leaves)
         return Lowered(lowered, out_tree[0], treedef)
+
+
+def _flat(fun, static, treedef):
+    """`fun` as a function of the flat array leaves (`treedef`) of its arguments, with the
+    `static` part put back, and a list that receives its output tree when traced."""
+    out_tree = []
+
+    def flat(*xs):
+        a, k = eqx.combine(jax.tree_util.tree_unflatten(treedef, xs), static)
+        out, tree = jax.tree_util.tree_flatten(fun(*a, **k))
+        out_tree.append(tree)
+        return out
+
+    return flat, out_tree
 
 
 def _is_dynamic(x) -> bool:
@@ -287,13 +294,7 @@ def _stored(kernel: filter_jit, folder: str, static, treedef, leaves):
     if os.path.exists(skip):
         return None
     if not os.path.exists(path):
-        out_tree = []
-
-        def flat(*xs):
-            a, k = eqx.combine(jax.tree_util.tree_unflatten(treedef, xs), static)
-            out, tree = jax.tree_util.tree_flatten(kernel.fun(*a, **k))
-            out_tree.append(tree)
-            return out
+        flat, out_tree = _flat(kernel.fun, static, treedef)
 
         try:
             exported = jax.export.export(jax.jit(flat))(*leaves)

@@ -19,6 +19,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
+import equinox as eqx
+import jax.numpy as jnp
 import optimistix as optx
 
 
@@ -57,3 +61,23 @@ def check(result, solver: str, throw: bool = True, detail: str = ""):
         extra = f" ({detail})" if detail else ""
         raise RuntimeError(f"{solver}: {message(result)}{extra}")
     return result
+
+
+@functools.cache
+def _levenberg_marquardt() -> optx.LevenbergMarquardt:
+    # One instance: each holds its own `verbose` function, a static part of a compiled
+    # solve, so a new instance would retrace it.
+    return optx.LevenbergMarquardt(rtol=jnp.asarray(0.0), atol=jnp.asarray(0.0))
+
+
+def levenberg_marquardt(rtol: float, atol: float) -> optx.LevenbergMarquardt:
+    """`optimistix.LevenbergMarquardt` with these tolerances as arrays (traced, so a new
+    tolerance reuses a compiled solve), shared by every least-squares fit of the package
+    (the latency calibration, the inferred mode).
+
+    Example:
+        >>> float(levenberg_marquardt(1e-8, 1e-10).rtol)
+        1e-08
+    """
+    return eqx.tree_at(lambda s: (s.rtol, s.atol), _levenberg_marquardt(),
+                       (jnp.asarray(rtol, dtype=float), jnp.asarray(atol, dtype=float)))

@@ -124,12 +124,9 @@ def test_lowered_kernel_refuses_another_structure():
 
 def test_side_by_side_raises_a_failed_compilation():
     class Boom(kc.Lowered):
-        def __init__(self):
-            pass
-
         def compile(self):
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         with kc.side_by_side() as compiler:
-            compiler.submit(Boom())
+            compiler.submit(Boom(None, None, None))

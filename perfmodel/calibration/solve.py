@@ -35,7 +35,7 @@ from ..datasets import BenchRow
 from ..grid.shard import Placement, placement
 from ..presets import chip_key, get_chip
 from ..search.compile import compiler_options
-from ..solvers import RESULTS, check
+from ..solvers import RESULTS, check, levenberg_marquardt
 from .latency import OUTPUTS, AbstractBlock, EndToEnd, OpTimings, Prior, huber_residuals
 from .params import FAMILY_FALLBACK, POOLED, Params, resolve_family
 
@@ -92,19 +92,6 @@ def _solve(params, blocks, delta, solver, max_steps):
                            RESULTS.nonfinite)
     return LatencyFit(params=solution.value, result=result, loss=loss,
                       steps=solution.stats["num_steps"], aux=state.aux)
-
-
-@functools.cache
-def _base_solver() -> optx.LevenbergMarquardt:
-    # One instance: each holds its own `verbose` function, a static part of the compiled
-    # solve, so a new instance would retrace it.
-    return optx.LevenbergMarquardt(rtol=jnp.asarray(0.0), atol=jnp.asarray(0.0))
-
-
-def _solver(rtol: float, atol: float) -> optx.LevenbergMarquardt:
-    # Tolerances as arrays: traced, so a new tolerance reuses the compiled solve.
-    return eqx.tree_at(lambda s: (s.rtol, s.atol), _base_solver(),
-                       (jnp.asarray(rtol, dtype=float), jnp.asarray(atol, dtype=float)))
 
 
 @functools.cache
@@ -178,7 +165,7 @@ def fit(params: Params, blocks: Sequence[AbstractBlock], *, max_steps: int = 100
     if not blocks:
         raise ValueError("fit needs at least one residual block")
     out = _jitted(_solve)(params, _placed(blocks, devices), jnp.asarray(delta, dtype=float),
-                          _solver(float(rtol), float(atol)), max_steps)
+                          levenberg_marquardt(float(rtol), float(atol)), max_steps)
     check(out.result, "calibrate", throw,
           f"loss {float(out.loss):.6g} after {int(out.steps)} steps")
     return out

@@ -56,8 +56,6 @@ and whether that is within `PLAUSIBLE_WIDTHS` of the prediction.
 
 from __future__ import annotations
 
-import functools
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -66,7 +64,7 @@ import optimistix as optx
 
 from ..design import Runtime
 from ..hardware import Chip
-from ..solvers import RESULTS, check, message
+from ..solvers import RESULTS, check, levenberg_marquardt, message
 from ..workload import Workload
 from .targets import PointTarget, Target, band_miss, replica_metrics
 
@@ -495,18 +493,6 @@ def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
                      names=start.names())
 
 
-@functools.cache
-def _base_solver() -> optx.LevenbergMarquardt:
-    # One instance: each holds its own `verbose` function, a static part of the compiled
-    # solve, so a new instance would retrace it (as calibration.solve).
-    return optx.LevenbergMarquardt(rtol=jnp.asarray(0.0), atol=jnp.asarray(0.0))
-
-
-def _solver(rtol: float, atol: float) -> optx.LevenbergMarquardt:
-    return eqx.tree_at(lambda s: (s.rtol, s.atol), _base_solver(),
-                       (jnp.asarray(rtol, dtype=float), jnp.asarray(atol, dtype=float)))
-
-
 _solve_jit = eqx.filter_jit(_solve)
 
 
@@ -585,7 +571,7 @@ def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *, points=(
         raise ValueError(f"start.top_requests has shape {start.top_requests.shape}, the "
                          f"targets' tops {centre.top_requests.shape}: start from a fit of "
                          "the same targets")
-    out = _solve_jit(start, problem, _solver(rtol, atol), max_steps)
+    out = _solve_jit(start, problem, levenberg_marquardt(rtol, atol), max_steps)
     check(out.result, "infer", throw, f"loss {float(out.loss):.6g} after {int(out.steps)} "
                                       "steps")
     return out

@@ -2,7 +2,7 @@
 `Target` (a reported pair at a chip's peak point: tokens/s per kW and E2E ratios against
 the baseline's peak), `PointTarget` (a reported figure at a fixed point of the sweep: a
 per-user speed, or a tokens/s per kW ratio at high interactivity), the points themselves
-(`peak_metrics`, `point_value`: one replica of the point's layout, the concurrency capped
+(`replica_metrics`, `point_value`: one replica of the point's layout, the concurrency capped
 by the batch that fits, differentiable in the chip and runtime) and `band_miss`, the
 one-sided residual of a figure reported as a band.
 """
@@ -137,18 +137,6 @@ def replica_metrics(model_name: str, single: LayoutNumbers, concurrency, chip: C
     conc = smooth_min(jnp.maximum(fit, 1.0), concurrency)
     design = Design(concurrency=conc, layout=single, precision=prec, runtime=runtime)
     return predict(model, chip, workload, design, check=False, unfit="value", vectorize=True)
-
-
-def peak_metrics(target: Target, chip: Chip, runtime: Runtime, workload: Workload,
-                 top=None):
-    """(tokens/s per kW of TDP, E2E in s) of one replica of `target`'s layout at its
-    concurrency, or with `top` (requests per chip) at `top` x its chips per replica, capped
-    by the batch that fits with `chip` and `runtime`: the peak point, differentiably. By the
-    envelope theorem the gradient of the sweep's maximum is the gradient at its maximiser,
-    so between re-sweeps this point stands in for the peak."""
-    conc = target.concurrency if top is None else top * target.layout.chips_per_instance
-    m = replica_metrics(target.model, target.layout, conc, chip, runtime, workload)
-    return m.tok_s_per_kw_tdp, m.e2e
 
 
 def point_value(target: PointTarget, chip: Chip, runtime: Runtime, workload: Workload):
