@@ -48,6 +48,20 @@ def compiler_options(options: dict) -> dict | None:
     return accepted or None
 
 
+def on_host(tree):
+    """`tree` with every array leaf as a NumPy array (a Module keeps its class, without
+    running its converters), so arithmetic on it runs on the host: outside a kernel, each
+    `jax.numpy` operation on a small array is a compiled program of its own (compiled on a
+    cold run, looked up and loaded on a warm one).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> type(on_host({"x": jnp.ones(2)})["x"]).__name__
+        'ndarray'
+    """
+    return jax.tree_util.tree_map(np.asarray, tree)
+
+
 class filter_jit:
     """`eqx.filter_jit(fun)` compiled with `compiler_options(options())`, through the store
     of traced programs when there is one (`traced_store`). `options` is read at the first

@@ -6,7 +6,13 @@ import jax.numpy as jnp
 
 from .architecture import Model
 from .design import Layout, LayoutNumbers, Precision, SliceMapping
-from .static import branch, maximum, minimum
+from .static import branch, is_static, maximum, minimum
+
+
+def _number(x):
+    # Host numbers stay on the host (outside a kernel, a jax.numpy operation is a compiled
+    # program of its own); anything else becomes a float array.
+    return float(x) if is_static(x) else jnp.asarray(x, dtype=float)
 
 
 def kv_bytes_per_token_layer(model: Model, kv_bytes):
@@ -21,7 +27,7 @@ def kv_bytes_per_token_layer(model: Model, kv_bytes):
         >>> float(kv_bytes_per_token_layer(get_model("deepseek-r1"), 1.0))
         576.0
     """
-    return model.kv_values_per_token_layer * jnp.asarray(kv_bytes, dtype=float)
+    return model.kv_values_per_token_layer * _number(kv_bytes)
 
 
 def kv_bytes_per_request(model: Model, context, kv_bytes):
@@ -39,10 +45,10 @@ def kv_bytes_per_request(model: Model, context, kv_bytes):
         >>> int(kv_bytes_per_request(m, 1024.0, 2.0)) == 32 * 2 * 8 * 128 * 2 * 1024
         True
     """
-    context = jnp.asarray(context, dtype=float)
+    context = _number(context)
     per_token = kv_bytes_per_token_layer(model, kv_bytes)
     full = model.num_full_layers * context
-    local = model.num_sliding_layers * jnp.minimum(context, float(model.sliding_window or 1))
+    local = model.num_sliding_layers * minimum(context, float(model.sliding_window or 1))
     return per_token * (full + local)
 
 

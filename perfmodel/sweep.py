@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .architecture import Model
-from .compiled import filter_jit
+from .compiled import filter_jit, on_host
 from .design import (
     Design,
     Layout,
@@ -39,7 +40,6 @@ from .design import (
     SpecDecode,
     precision,
 )
-from .formats import COMPUTE_CLASSES
 from .hardware import Chip
 from .kvcache import max_batch
 from .presets import get_chip, get_model
@@ -121,6 +121,7 @@ def _as_precision(chip: Chip, model: Model, fmt: Precision | str | None) -> Prec
 
 def _context(workload: Workload) -> float:
     # The context serving.predict sizes the KV cache at: mean prompt plus half the output.
+    workload = on_host(workload)
     return float(workload.mean_input_len + workload.mean_output_len / 2.0)
 
 
@@ -137,17 +138,23 @@ def _memory_key(chip: Chip, prec: Precision, runtime: Runtime) -> tuple[float, .
                                     runtime.activation_reserve))
 
 
+class _Bytes(NamedTuple):
+    """The fields of a `Precision` that `kvcache.max_batch` reads, as host numbers."""
+
+    weight_bytes: float
+    expert_bytes: float
+    kv_bytes: float
+
+
 @functools.lru_cache(maxsize=8192)
 def _fit(model: Model, key: tuple[float, ...], tp: int, ep: int, pp: int, dpa: bool,
          context: float) -> float:
+    # On host numbers (a static layout, floats): no eager jax.numpy operation, each of which
+    # would be a compiled program of its own.
     capacity, slices, weight, expert, kv, fraction, reserve = key
-    mix = jnp.asarray([1.0 if c == "bf16" else 0.0 for c in COMPUTE_CLASSES])   # unused
-    prec = Precision(weight_bytes=weight, expert_bytes=expert, kv_bytes=kv,
-                     activation_bytes=2.0, weight_compute=mix, expert_compute=mix,
-                     attention_compute=mix)
     layout = Layout(tp=tp, ep=ep, pp=pp, dp_attention=dpa)
-    return float(max_batch(model, layout, prec, capacity, context, fraction, reserve, None,
-                           slices))
+    return float(max_batch(model, layout, _Bytes(weight, expert, kv), capacity, context,
+                           fraction, reserve, None, slices))
 
 
 def batch_that_fits(model, chip, prec, runtime, layout, context) -> float:

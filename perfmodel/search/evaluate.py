@@ -10,6 +10,7 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..architecture import Model
 from ..design import Design, Precision, Runtime, SliceMapping
@@ -43,10 +44,12 @@ class Evaluation(eqx.Module):
     @property
     def rank(self) -> jnp.ndarray:
         """Larger is better: feasible designs by score, infeasible ones below every
-        feasible one, by their total violation."""
-        feasible = jnp.all(self.g <= FEASIBLE_TOL, axis=-1)
-        return jnp.where(feasible, self.score,
-                         -1e6 - jnp.sum(jnp.maximum(self.g, 0.0), axis=-1))
+        feasible one, by their total violation. On host arrays (a kernel's output), on
+        the host."""
+        xp = np if isinstance(self.score, np.ndarray) else jnp
+        feasible = xp.all(self.g <= FEASIBLE_TOL, axis=-1)
+        return xp.where(feasible, self.score,
+                        -1e6 - xp.sum(xp.maximum(self.g, 0.0), axis=-1))
 
 
 def materialize(chip: Chip, t: Tables, layout, choice: Choice, vectorize: bool = True):
