@@ -85,7 +85,8 @@ Example:
     >>> design = pm.Design(concurrency=1, layout=pm.Layout(tp=1),
     ...                    precision=pm.precision(chip, model))
     >>> load = surrogate.Load(rate=2.0, input_len=512, output_len=64)
-    >>> e = surrogate.estimate(model, chip, design, sim.Policy(), load)
+    >>> # estimate_jit: estimate compiled as one program (eager, it runs op by op: 5x slower)
+    >>> e = surrogate.estimate_jit(model, chip, design, sim.Policy(), load)
     >>> bool(e.unstable), 0.005 < float(e.ttft.p50) < 0.2
     (False, True)
 """

@@ -97,6 +97,10 @@ def test_reverse_mode_matches_finite_differences(name, point):
                                    err_msg=f"case {name}")
 
 
+# Forward mode runs with the slow tests (20 s of compiling); by default, forward-mode
+# derivatives are checked against differences through the fit's Jacobians
+# (tests/test_calibrate.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("name, point", _grid(FORWARD, points=("nominal",)))
 def test_forward_mode_matches_finite_differences(name, point):
     theta = _theta(name, point)

@@ -92,7 +92,9 @@ def test_cases_cover_the_layout_features():
 @pytest.mark.parametrize("name, hard, vectorize", [
     # The smooth, per-operator evaluation of every case runs by default; the exact and
     # vectorized variants compile again for each case, so they run with the slow tests.
-    pytest.param(n, h, v, marks=() if not (h or v or n in _WIDE) else pytest.mark.slow)
+    # llama-8b-tpu (10 s) too: llama-8b-h200 covers its branches, and its gradients below.
+    pytest.param(n, h, v, marks=() if not (h or v or n in _WIDE + ("llama-8b-tpu",))
+                 else pytest.mark.slow)
     for n in CASES for h in (False, True) for v in (False, True)])
 def test_numbers_predict_as_the_static_layout(name, hard, vectorize):
     """Every metric agrees between `Layout` and `Layout.numbers()`, eagerly, and under

@@ -187,7 +187,8 @@ def test_vectorized_operators_match_the_loop(case, hard):
     import jax
 
     model, chip, workload, design = _vectorize_cases()[case]
-    loop, vec = (pm.predict(model, chip, workload, design, hard=hard, vectorize=v)
+    # Compiled: eagerly, each of the thousands of operations is a program of its own.
+    loop, vec = (pm.predict_jit(model, chip, workload, design, hard=hard, vectorize=v)
                  for v in (False, True))
     for key, value in loop.to_row().items():
         np.testing.assert_allclose(vec.to_row()[key], value, rtol=1e-12, err_msg=key)
@@ -199,6 +200,7 @@ def test_vectorized_operators_match_the_loop(case, hard):
         return jax.numpy.sum(pm.predict(model, c, workload, design,
                                         vectorize=vectorize).tpot)
 
-    grads = [jax.grad(tpot)(chip.hbm_bandwidth, v) for v in (False, True)]
+    grads = [jax.jit(jax.grad(tpot), static_argnums=1)(chip.hbm_bandwidth, v)
+             for v in (False, True)]
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-10)
     assert float(grads[0]) < 0          # more bandwidth, shorter steps
