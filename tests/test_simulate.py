@@ -431,6 +431,23 @@ def _reference():
                        / "simulate_reference.json").read_text())
 
 
+def _recorded_specs():
+    """(chip, design) as the reference file was recorded: H100 with the fitted files of that
+    time (tests/data/reference_fit/), so that a refit does not move the reference."""
+    import json
+    import pathlib
+
+    from perfmodel import fitted
+    folder = pathlib.Path(__file__).parent / "data" / "reference_fit"
+    latency, power = (json.loads((folder / name).read_text())
+                      for name in ("fitted_params.json", "fitted_power.json"))
+    chip = fitted.apply(pm.get_chip("h100", calibrated=False), latency=latency, power=power)
+    runtime = pm.Runtime(framework="vllm", **fitted.runtime_terms(
+        "vllm", chip.family, latency=latency, power=power))
+    return chip, pm.Design(concurrency=1.0, layout=pm.Layout(tp=1),
+                           precision=pm.precision(chip, MODEL), runtime=runtime)
+
+
 def _assert_matches(expected, result, name):
     assert not bool(result.window_overflow)
     for key, value in expected.items():
@@ -443,7 +460,8 @@ def test_matches_the_reference_implementation():
     # those of the plain implementation (recorded in the reference file), here on KV-bound
     # arrivals with 51 preemptions (sorted steps and index-order steps alternate).
     name, policy, requests = next(_reference_cases())
-    result = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=20_000)
+    chip, design = _recorded_specs()
+    result = sim.simulate(MODEL, chip, design, policy, requests, max_steps=20_000)
     _assert_matches(_reference()[name], result, name)
 
 
@@ -453,15 +471,16 @@ def test_windows_match_the_reference_implementation(monkeypatch):
     # here) it grows until it does not overflow and matches the plain implementation, on
     # KV-bound arrivals, a closed loop and a tiny cache.
     reference = _reference()
+    chip, design = _recorded_specs()
     monkeypatch.setattr(sim, "AUTO_WINDOW", 24)
     for name, policy, requests in _reference_cases():
         for window in (None, "auto"):
-            result = sim.simulate_jit(MODEL, CHIP, DESIGN, policy, requests,
+            result = sim.simulate_jit(MODEL, chip, design, policy, requests,
                                       max_steps=20_000, window=window)
             _assert_matches(reference[name], result, name)
     # Too small a fixed window on the KV-bound case changes the schedule and says so.
     name, policy, requests = next(_reference_cases())
-    narrow = sim.simulate_jit(MODEL, CHIP, DESIGN, policy, requests, max_steps=20_000,
+    narrow = sim.simulate_jit(MODEL, chip, design, policy, requests, max_steps=20_000,
                               window=8)
     assert bool(narrow.window_overflow)
     assert not np.allclose(np.asarray(narrow.finish), reference[name]["finish"])
