@@ -31,7 +31,7 @@ Example:
     ...                    precision=pm.precision(chip, model))
     >>> requests = sim.poisson(jax.random.PRNGKey(0), rate=2.0, num=32, input_len=512,
     ...                        output_len=64)
-    >>> result = sim.simulate(model, chip, design, sim.Policy(), requests, max_steps=4000)
+    >>> result = sim.simulate_jit(model, chip, design, sim.Policy(), requests, max_steps=4000)
     >>> s = sim.summarize(result)
     >>> int(s.unfinished), 0.005 < float(s.ttft.p50) < 0.2
     (0, True)
