@@ -223,6 +223,7 @@ def _decay(rho, ca2, iterations: int = 12):
         0.675
     """
     k = 1.0 / jnp.maximum(ca2, 1e-6)     # regular arrivals: no tail to speak of
+    rho = jnp.maximum(rho, 1e-12)         # an idle server: a steep, finite decay (not NaN)
     x = 2.0 * (1.0 - rho) * k
     for _ in range(iterations):
         g = k * jnp.log1p(x / (k * rho)) - x
