@@ -8,10 +8,10 @@ import jax
 # The command line's persistent compilation cache stays off in tests (hermetic runs);
 # tests/test_cli.py turns it on where it tests it.
 os.environ.setdefault("PERFMODEL_CACHE_DIR", "off")
-# JAX's own persistent cache too: once a test has pointed it at a folder, JAX keeps it for
-# the rest of the worker (`compilation_cache` initialises once), and a later test's
-# executable was serialized into it; one such write crashed a slow-stage worker
-# (segmentation fault in `put_executable_and_time`). Subprocess tests set their own.
+# JAX's own persistent cache too (it initialises once per process): a slow-stage worker
+# crashed serializing an executable into it (segmentation fault in
+# `put_executable_and_time`); which test had given it a folder was not found. Subprocess
+# tests of the command line's cache set their own environment.
 jax.config.update("jax_enable_compilation_cache", False)
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
