@@ -166,23 +166,47 @@ class LayoutNumbers(eqx.Module):
 
 class Disaggregated(eqx.Module):
     """Prefill/decode disaggregation: two pools, KV moved from prefill to decode chips.
-    Both pools are static `Layout`s (the model branches on their sizes in Python)."""
 
-    prefill: Layout
-    decode: Layout
+    Both pools are static `Layout`s (one compiled kernel per pair), or both `LayoutNumbers`
+    (`numbers()`: one kernel for many pairs, stacked under `jax.vmap`); `serving.predict`
+    computes the same numbers from either. The simulator takes static pools only.
+
+    Example:
+        >>> d = Disaggregated(prefill=Layout(tp=4, replicas=2), decode=Layout(tp=8))
+        >>> d.chips, float(d.numbers().chips)
+        (16, 16.0)
+    """
+
+    prefill: Layout | LayoutNumbers
+    decode: Layout | LayoutNumbers
 
     def __check_init__(self):
-        for key in ("prefill", "decode"):
-            if not isinstance(getattr(self, key), Layout):
-                raise ValueError(f"Disaggregated.{key} must be a static Layout, got "
-                                 f"{type(getattr(self, key)).__name__}; LayoutNumbers serve "
-                                 "aggregated designs only")
+        kinds = {type(self.prefill), type(self.decode)}
+        if not (kinds == {Layout} or kinds == {LayoutNumbers}):
+            raise ValueError(f"Disaggregated pools must both be static Layouts or both "
+                             f"LayoutNumbers, got prefill {type(self.prefill).__name__} and "
+                             f"decode {type(self.decode).__name__}; convert with "
+                             "Layout.numbers() or Disaggregated.numbers()")
 
     @property
-    def chips(self) -> int:
+    def static(self) -> bool:
+        """Whether the pools are static `Layout`s."""
+        return isinstance(self.prefill, Layout)
+
+    @property
+    def chips(self):
+        """Chips of both pools (an int, or an array for `LayoutNumbers` pools)."""
         return self.prefill.chips + self.decode.chips
 
+    def numbers(self) -> Disaggregated:
+        """Both pools as `LayoutNumbers` (unchanged when they already are)."""
+        if not self.static:
+            return self
+        return Disaggregated(prefill=self.prefill.numbers(), decode=self.decode.numbers())
+
     def describe(self) -> str:
+        if not self.static:
+            raise ValueError("describe() needs static pools: LayoutNumbers may be traced")
         return f"P[{self.prefill.describe()}]+D[{self.decode.describe()}]"
 
 
@@ -485,8 +509,8 @@ class Design(eqx.Module):
     concurrency: jnp.ndarray = eqx.field(converter=as_number)
     """Requests in flight across the deployment (closed-loop clients)."""
     layout: Layout | LayoutNumbers | Disaggregated
-    """Parallel layout: static (`Layout`), as numbers (`LayoutNumbers`, aggregated only),
-    or a prefill/decode split (`Disaggregated`)."""
+    """Parallel layout: static (`Layout`), as numbers (`LayoutNumbers`), or a prefill/decode
+    split (`Disaggregated`, of either kind)."""
     precision: Precision
     # Factories, not instances: defaults built at import time would freeze the dtype in
     # force then (float32 before a caller enables x64).

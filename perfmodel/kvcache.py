@@ -78,7 +78,8 @@ def kv_fraction_per_chip(model: Model, layout: Layout | LayoutNumbers):
     return share / layout.pp
 
 
-def kv_transfer_fraction(model: Model, prefill: Layout, decode: Layout) -> float:
+def kv_transfer_fraction(model: Model, prefill: Layout | LayoutNumbers,
+                         decode: Layout | LayoutNumbers):
     """Share of a request's KV cache that the busiest chip sends or receives when the
     request moves from a prefill instance to a decode instance (disaggregated serving).
 
@@ -96,8 +97,8 @@ def kv_transfer_fraction(model: Model, prefill: Layout, decode: Layout) -> float
         >>> kv_transfer_fraction(get_model("llama-3.1-8b"), Layout(tp=4, pp=2), Layout(tp=8))
         0.125
     """
-    send = 1.0 / (prefill.pp * (1 if prefill.dp_attention else prefill.tp))
-    return max(send, kv_fraction_per_chip(model, decode))
+    senders = branch(prefill.dp_attention, lambda: 1.0, lambda: prefill.tp)
+    return maximum(1.0 / (prefill.pp * senders), kv_fraction_per_chip(model, decode))
 
 
 def weight_bytes_per_chip(model: Model, layout: Layout | LayoutNumbers, precision: Precision,

@@ -41,6 +41,7 @@ from .kvcache import kv_bytes_per_request, kv_transfer_fraction, max_batch, weig
 from .power import apply_power_cap, average_power, dynamic_energy
 from .roofline import step_cost
 from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
+from .static import branch
 from .workload import Workload
 
 #: Each `Metrics` field's column name in rows, tables and CSV files (`Metrics.to_row`); a
@@ -255,9 +256,9 @@ def kv_transfer_time(model: Model, chip: Chip, design: Design, layout: Disaggreg
     pre, dec = layout.prefill, layout.decode
     shard = kv_bytes_per_request(model, context, design.precision.kv_bytes) \
         * kv_transfer_fraction(model, pre, dec)
-    if pre.chips + dec.chips <= chip.domain_size:
-        return chip.scale_up.time("p2p", shard, 2)
-    return chip.scale_out.time("p2p", shard, 2)
+    return branch(pre.chips + dec.chips <= chip.domain_size,
+                  lambda: chip.scale_up.time("p2p", shard, 2),
+                  lambda: chip.scale_out.time("p2p", shard, 2))
 
 
 def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurrency,
@@ -315,15 +316,21 @@ def _validate(model: Model, chip: Chip, workload: Workload, design: Design):
         raise ValueError("workload must be a perfmodel Workload")
     if not isinstance(design, Design):
         raise ValueError("design must be a perfmodel Design")
-    if isinstance(design.layout, LayoutNumbers):
-        # Its degrees may be traced: `_check_layout_numbers` checks them (when `check`).
-        shapes = {key: getattr(design.layout, key).shape for key in
-                  ("tp", "ep", "pp", "replicas", "dp_attention")}
-        if len(set(shapes.values())) > 1:
-            raise ValueError(f"design.layout (LayoutNumbers) fields must share one shape, got "
-                             f"{shapes}; stack whole layouts (Layout.numbers()) to batch them")
-        return
-    check_layout(model, design.layout)
+    layout = design.layout
+    pools = {"prefill": layout.prefill, "decode": layout.decode} \
+        if isinstance(layout, Disaggregated) else {"": layout}
+    for name, pool in pools.items():
+        if isinstance(pool, LayoutNumbers):
+            # Its degrees may be traced: `_check_layout_numbers` checks them (when `check`).
+            shapes = {key: getattr(pool, key).shape for key in
+                      ("tp", "ep", "pp", "replicas", "dp_attention")}
+            if len(set(shapes.values())) > 1:
+                where = f"design.layout.{name}" if name else "design.layout"
+                raise ValueError(f"{where} (LayoutNumbers) fields must share one shape, got "
+                                 f"{shapes}; stack whole layouts (Layout.numbers()) to batch "
+                                 "them")
+        else:
+            check_layout(model, pool)
 
 
 def check_layout(model: Model, layout: Layout | Disaggregated) -> None:
@@ -332,6 +339,8 @@ def check_layout(model: Model, layout: Layout | Disaggregated) -> None:
     are checked at run time instead, by `predict`)."""
     layouts = [layout] if isinstance(layout, Layout) else [layout.prefill, layout.decode]
     for layout in layouts:
+        if isinstance(layout, LayoutNumbers):
+            continue
         if model.is_moe and model.num_experts % layout.ep:
             raise ValueError(f"layout ep={layout.ep} must divide the model's "
                              f"{model.num_experts} experts")
@@ -387,29 +396,32 @@ def _split_bad(model: Model, tp):
     return bad & (tp > 1)
 
 
-def _check_layout_numbers(model: Model, layout: LayoutNumbers) -> LayoutNumbers:
+def _check_layout_numbers(model: Model, layout: LayoutNumbers,
+                          pool: str = "") -> LayoutNumbers:
     """`layout` with its degrees checked by `eqx.error_if` (the checks `Layout` and
-    `_validate` make on a static layout, for degrees that may be traced)."""
+    `_validate` make on a static layout, for degrees that may be traced). `pool`
+    ("prefill.", "decode." or empty) names the layout in the messages."""
     tp, ep, pp, replicas = layout.tp, layout.ep, layout.pp, layout.replicas
 
     def count(x):
         return (x >= 1) & (x == jnp.round(x)) & jnp.isfinite(x)
 
-    tp = error_if(tp, ~count(tp), "design.layout.tp must be a positive integer")
+    tp = error_if(tp, ~count(tp), f"design.layout.{pool}tp must be a positive integer")
     ep = error_if(ep, ~count(ep) | (jnp.mod(tp, ep) != 0),
-                      "design.layout.ep must be a positive integer dividing design.layout.tp")
+                      f"design.layout.{pool}ep must be a positive integer dividing "
+                      f"design.layout.{pool}tp")
     if model.is_moe:
         ep = error_if(ep, jnp.mod(model.num_experts, ep) != 0,
-                          f"design.layout.ep must divide the model's {model.num_experts} "
+                          f"design.layout.{pool}ep must divide the model's {model.num_experts} "
                           "experts")
     tp = error_if(tp, _split_bad(model, tp) & ~layout.dp_attention,
-                      f"design.layout.tp must split {model.name}'s {model.num_heads} attention "
-                      f"and {model.num_kv_heads} KV heads (see Model.split_problem)")
+                      f"design.layout.{pool}tp must split {model.name}'s {model.num_heads} "
+                      f"attention and {model.num_kv_heads} KV heads (see Model.split_problem)")
     pp = error_if(pp, ~count(pp) | (pp > model.num_layers),
-                      f"design.layout.pp must be a positive integer at most the model's "
+                      f"design.layout.{pool}pp must be a positive integer at most the model's "
                       f"{model.num_layers} layers")
     replicas = error_if(replicas, ~count(replicas),
-                            "design.layout.replicas must be a positive integer")
+                            f"design.layout.{pool}replicas must be a positive integer")
     return LayoutNumbers(tp=tp, ep=ep, pp=pp, replicas=replicas,
                          dp_attention=layout.dp_attention)
 
@@ -498,6 +510,10 @@ def predict(model: Model, chip: Chip, workload: Workload, design: Design, *,
         if isinstance(design.layout, LayoutNumbers):
             design = eqx.tree_at(lambda d: d.layout, design,
                                  _check_layout_numbers(model, design.layout))
+        elif design.disaggregated and not design.layout.static:
+            design = eqx.tree_at(lambda d: (d.layout.prefill, d.layout.decode), design, (
+                _check_layout_numbers(model, design.layout.prefill, "prefill."),
+                _check_layout_numbers(model, design.layout.decode, "decode.")))
     concurrency, steady = design.concurrency, jnp.asarray(True)
     if workload.request_rate is not None:
         concurrency, steady = _open_loop_concurrency(model, chip, workload, design, sharpness,

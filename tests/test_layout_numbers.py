@@ -210,9 +210,69 @@ def test_numbers_check_experts_divide():
         pm.predict(model, chip, pm.Workload(1024, 1024), design)
 
 
-def test_disaggregated_pools_stay_static():
-    with pytest.raises(ValueError, match="Disaggregated.decode must be a static Layout"):
+def test_disaggregated_pools_are_one_kind():
+    """Both pools static or both numbers; a numbers pair has no description (its degrees
+    may be traced)."""
+    with pytest.raises(ValueError, match="both be static Layouts or both LayoutNumbers"):
         pm.Disaggregated(prefill=pm.Layout(tp=8), decode=pm.Layout(tp=8).numbers())
+    pair = pm.Disaggregated(prefill=pm.Layout(tp=4), decode=pm.Layout(tp=8)).numbers()
+    assert float(pair.chips) == 12.0 and not pair.static
+    with pytest.raises(ValueError, match="describe"):
+        pair.describe()
+
+
+#: Disaggregated pairs: DeepSeek-R1 on GB200 as the dynamo-trt recipe runs it (DP attention
+#: in both pools, wide EP; and TP8 EP8 decode workers without it); Llama-3.1-70B on H100
+#: with a pipelined prefill pool, once inside the 8-chip NVLink domain and once past it (KV
+#: moved over InfiniBand).
+_PAIRS = {
+    ("gb200", "deepseek-r1", "nvfp4"): [
+        pm.Disaggregated(prefill=pm.Layout(tp=4, ep=4, dp_attention=True, replicas=4),
+                         decode=pm.Layout(tp=16, ep=16, dp_attention=True)),
+        pm.Disaggregated(prefill=pm.Layout(tp=4, ep=4, dp_attention=True),
+                         decode=pm.Layout(tp=8, ep=8, replicas=3))],
+    ("h100", "llama-3.1-70b", "fp8"): [
+        pm.Disaggregated(prefill=pm.Layout(tp=2, pp=2), decode=pm.Layout(tp=4)),
+        pm.Disaggregated(prefill=pm.Layout(tp=4, pp=2), decode=pm.Layout(tp=8))],
+}
+
+
+@pytest.mark.parametrize("key", list(_PAIRS))
+def test_disaggregated_numbers_predict_as_static(key):
+    """A disaggregated design gives the same metrics with its pools as numbers, eagerly
+    and under one `jax.jit` of a `jax.vmap` over the stacked pairs (one kernel for all)."""
+    chip_name, model_name, fmt = key
+    chip, model = pm.get_chip(chip_name), pm.get_model(model_name)
+    pairs = _PAIRS[key]
+    assert any(p.chips > chip.domain_size for p in pairs) or model.is_moe
+    design = pm.Design(concurrency=64.0, layout=pairs[0],
+                       precision=pm.precision(chip, model, fmt, kv="fp8"))
+    workload = pm.Workload(8192, 1024)
+
+    def predict(layout):
+        return pm.predict(model, chip, workload, _with(design, layout), hard=True).to_row()
+
+    stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *[p.numbers() for p in pairs])
+    batched = jax.jit(jax.vmap(predict))(stacked)
+    for i, pair in enumerate(pairs):
+        static = predict(pair)
+        numbers = predict(pair.numbers())
+        for name, value in static.items():
+            err = f"{pair.describe()} {name}"
+            assert np.all(np.isfinite(value)), err
+            np.testing.assert_allclose(numbers[name], value, rtol=1e-12, err_msg=err)
+            np.testing.assert_allclose(batched[name][i], value, rtol=1e-12, err_msg=err)
+
+
+def test_disaggregated_numbers_checked_per_pool():
+    """A pool's degrees that a `Layout` would reject raise, naming the pool."""
+    chip, model = pm.get_chip("gb200"), pm.get_model("deepseek-r1")
+    good = pm.Layout(tp=4, ep=4, dp_attention=True).numbers()
+    bad = pm.LayoutNumbers(tp=8.0, ep=3.0, pp=1.0, replicas=1.0, dp_attention=True)
+    design = pm.Design(concurrency=8.0, layout=pm.Disaggregated(prefill=good, decode=bad),
+                       precision=pm.precision(chip, model, "nvfp4"))
+    with pytest.raises(RuntimeError, match="design.layout.decode.ep must be a positive"):
+        pm.predict(model, chip, pm.Workload(1024, 1024), design)
 
 
 @pytest.mark.parametrize("up", [
