@@ -1,13 +1,15 @@
 """Compile time of each public entry point: a fresh process, twice, on one fresh cache.
 
-    python benchmarks/compile_times.py [predict pareto optimize simulate]   # one JSON object
+    python benchmarks/compile_times.py [predict compare predict-inferencemax predict-power
+                                        pareto optimize simulate]   # one JSON object
 
 Each entry point runs in a new process against an empty persistent compilation cache
 (`PERFMODEL_CACHE_DIR`, a temporary folder), then again in another process on that cache.
 `first_s` is the cold wall time, `second_s` the warm one, `compile_s` their difference
 (what compiling costs beyond loading the cached kernels). `predict` is `pm.predict_jit`
 called from Python (its first call minus its second, in one process, no cache); the others
-are the commands with the arguments below.
+are the commands with the arguments below (`predict-inferencemax` and `predict-power`:
+`perfmodel predict` of every shipped InferenceMAX row and power measurement).
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ for _ in range(2):
 print(t[0], t[1])
 """
 
+ROOT = Path(__file__).resolve().parents[1]
+
 COMMANDS = {
+    "compare": [EXE, "compare"],
+    "predict-inferencemax": [EXE, "predict", str(ROOT / "calibration" / "data" /
+                                                 "benchmarks_inferencemax.csv"),
+                             "--out", os.devnull, "--quiet"],
+    "predict-power": [EXE, "predict", str(ROOT / "calibration" / "power" /
+                                          "power_measurements.csv"),
+                      "--out", os.devnull, "--quiet"],
     "pareto": [EXE, "pareto"],
     "optimize": [EXE, "optimize"],
     "simulate": [EXE, "simulate", "--model", "deepseek-r1", "--chip", "gb200", "--tp", "8",

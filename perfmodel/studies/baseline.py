@@ -24,13 +24,14 @@ DeepSeek-R1 and Kimi-K2.5) on NVL72 GPUs:
   "dynamo-trt")`).
 
 `recipe_points` evaluates every configuration of that space over a concurrency grid (one
-vmapped `predict` per configuration); `perfmodel.studies.jalapeno` takes the baseline's
+vmapped `predict` over all of them, the pools as numbers); `perfmodel.studies.jalapeno` takes the baseline's
 operating points from these points together with its aggregated sweep, so the baseline
 configuration is the model's own best predicted point under the InferenceX definition of
 the peak, never read from the measured rows. `measured_top` and `check_top` put the chosen
 point beside the measured rows at the top of the same sweep (a report, not an input).
 
-Example (the search itself is not run as a doctest: 16 layouts, about 11 s on a CPU):
+Example (the search itself is not run as a doctest: one kernel for the 16 layouts, about
+3 s to compile on a CPU):
     >>> from perfmodel.presets import get_chip, get_model
     >>> from perfmodel.workload import Workload
     >>> model, chip = get_model("deepseek-r1"), get_chip("gb200")
@@ -49,9 +50,11 @@ import dataclasses
 import pathlib
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import compiled
 from ..architecture import Model
 from ..datasets import MTP_ACCEPTANCE
 from ..design import Design, Disaggregated, Layout, SliceMapping, SpecDecode, precision
@@ -139,14 +142,20 @@ def design_of(model: Model, chip: Chip, config: Config, concurrency: float = 1.0
                   runtime=runtime_for(FRAMEWORK), mapping=SliceMapping(), speculative=spec)
 
 
-def _evaluate(model, chip, workload, design, concurrency, draft):
-    # One vmapped predict over (concurrency, draft length) pairs: both are array leaves, so
-    # every MTP setting of a layout shares one evaluation.
-    def one(c, k):
-        d = eqx.tree_at(lambda x: (x.concurrency, x.speculative.draft_tokens), design, (c, k))
-        return predict(model, chip, workload, d, hard=True, check=False, unfit="value")
+def _evaluate(model, chip, workload, design, layouts, concurrency, draft):
+    # One vmapped predict over (layout, concurrency, draft length) points: the pools are
+    # numbers (`Disaggregated.numbers`) and the draft length an array leaf, so every
+    # configuration of the recipe shares one compiled kernel.
+    def one(layout, c, k):
+        d = eqx.tree_at(lambda x: (x.concurrency, x.speculative.draft_tokens),
+                        dataclasses.replace(design, layout=layout), (c, k))
+        return predict(model, chip, workload, d, hard=True, check=False,
+                       unfit="value").to_row()
 
-    return eqx.filter_vmap(one)(concurrency, draft)
+    return jax.vmap(one)(layouts, concurrency, draft)
+
+
+_evaluate_jit = compiled.filter_jit(_evaluate)
 
 
 def recipe_points(model: Model, chip: Chip, workload: Workload, per_chip) -> dict:
@@ -159,26 +168,34 @@ def recipe_points(model: Model, chip: Chip, workload: Workload, per_chip) -> dic
         (a list: the configuration, `Config.describe`).
     """
     per_chip = np.asarray(sorted({float(x) for x in per_chip}), dtype=float)
-    ks = drafts(model)
-    parts, labels = [], []
-    for layout in layouts(model, chip):
-        concurrency = np.maximum(np.floor(per_chip * layout.chips), 1.0)
-        c, k = (a.ravel() for a in np.meshgrid(concurrency, np.asarray(ks, dtype=float)))
-        m = _evaluate(model, chip, workload, design_of(model, chip, Config(layout)),
-                      jnp.asarray(c), jnp.asarray(k))
-        values = {name: np.asarray(v) for name, v in m.to_row().items()}
-        finite = np.all([np.isfinite(values[name]) for name in METRIC_KEYS], axis=0)
-        # As the aggregated sweep: no more requests per decode worker than its KV holds.
-        per_worker = values["concurrency"] / layout.decode.replicas
-        keep = values["fits"] & finite & (per_worker <= values["max_batch"] * (1.0 + 1e-9))
-        values = {name: v[keep] for name, v in values.items()}
-        values["chips"] = np.full(int(keep.sum()), float(layout.chips))
-        values["draft_tokens"] = k[keep]
-        parts.append(values)
-        labels += [Config(layout, int(x)).describe() for x in k[keep]]
-    out = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} \
-        if parts else {}
-    out["labels"] = labels
+    ks = np.asarray(drafts(model), dtype=float)
+    configs = layouts(model, chip)
+    if not configs:
+        return {"labels": []}
+    chips = np.asarray([layout.chips for layout in configs], dtype=float)
+    # Points by configuration, then draft length, then concurrency.
+    index, k, c = (a.ravel() for a in np.meshgrid(np.arange(len(configs)), ks, per_chip,
+                                                   indexing="ij"))
+    c = np.maximum(np.floor(c * chips[index]), 1.0)
+    n = len(index)
+    # Padded to a power of two (repeating the last point), so grids of similar sizes share
+    # one compiled kernel.
+    take = np.minimum(np.arange(max(64, 1 << (n - 1).bit_length())), n - 1)
+    stacked = jax.tree.map(lambda *xs: np.stack(xs), *[x.numbers() for x in configs])
+    points = jax.tree.map(lambda x: jnp.asarray(x[index[take]]), stacked)
+    values = _evaluate_jit(model, chip, workload, design_of(model, chip, Config(configs[0])),
+                           points, jnp.asarray(c[take]), jnp.asarray(k[take]))
+    values = {name: np.asarray(v)[:n] for name, v in values.items()}
+    finite = np.all([np.isfinite(values[name]) for name in METRIC_KEYS], axis=0)
+    # As the aggregated sweep: no more requests per decode worker than its KV holds.
+    workers = np.asarray([layout.decode.replicas for layout in configs], dtype=float)[index]
+    keep = values["fits"] & finite & (values["concurrency"] / workers
+                                      <= values["max_batch"] * (1.0 + 1e-9))
+    out = {name: v[keep] for name, v in values.items()}
+    out["chips"] = chips[index][keep]
+    out["draft_tokens"] = k[keep]
+    out["labels"] = [Config(configs[i], int(d)).describe()
+                     for i, d in zip(index[keep], k[keep], strict=True)]
     return out
 
 

@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
+from .. import compiled
 from ..design import Runtime
 from ..hardware import Chip
 from ..solvers import RESULTS, check, levenberg_marquardt, message
@@ -493,7 +494,7 @@ def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
                      names=start.names())
 
 
-_solve_jit = eqx.filter_jit(_solve)
+_solve_jit = compiled.filter_jit(_solve)
 
 
 def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *, points=(),

@@ -197,7 +197,7 @@ def chip_points(model: str, chip: Chip, workload: Workload, chips: int | None = 
     if peak == "top":
         grid = top_grid(grid, chips, top)
     s = sweep(m, chip, workload, chips=chips, precision=fmt, grid=grid, runtime=runtime,
-              progress=False)
+              jit=True, progress=False)
     labels = [s.layouts[int(i)].describe() for i in s.layout_index]
     return _choose(chip, int(chips), s, s.values, np.full(len(labels), float(chips)), labels,
                    peak, min_interactivity, top)
