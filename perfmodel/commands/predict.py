@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import sys
 
 from ..datasets import INFERENCEMAX_INPUTS, DataError, load_benchmarks, read_table
@@ -111,8 +112,10 @@ def predict_file(path: str, interval: float | None = None) -> tuple[list[str], l
 DESCRIPTION_KEYS = ("pred_model", "pred_chip", "pred_basis", "pred_error")
 
 
+@functools.cache
 def _fit() -> str:
-    """The fitted parameters the predictions come from (`pred_fit`)."""
+    """The fitted parameters the predictions come from (`pred_fit`; read once a process:
+    the same for every row)."""
     v = versions()
     return f"{v['fitted_latency']}; {v['fitted_power']}; perfmodel {v['perfmodel_version']}"
 
