@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import fitted as fitted_params
 from ..architecture import Model
-from ..compiled import filter_jit
+from ..compiled import filter_jit, side_by_side
 from ..design import Design, Layout, Runtime, precision
 from ..hardware import Chip
 from ..kvcache import profile_activation_bytes
@@ -262,11 +262,23 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
         out[i].update(pred_power_w_modelled=None, pred_j_per_output_token=None,
                       pred_output_tput_per_chip=None, pred_isl=None,
                       pred_isl_assumed=None, pred_status=why)
-    for members in groups_of(specs):
-        first = members[0]
-        chip = fitted_params.apply(get_chip(first.chip_name, calibrated=False), power=fitted)
-        design, workload = group_inputs(members, chip, fitted)
-        m = _predict_group(first.model, chip, workload, design)
+    # Every group's kernel is traced (or loaded from the store) first and compiled side by
+    # side: XLA compiles one kernel per thread, without Python's lock.
+    work, submitted = [], set()
+    with side_by_side() as compiler:
+        for members in groups_of(specs):
+            first = members[0]
+            chip = fitted_params.apply(get_chip(first.chip_name, calibrated=False),
+                                       power=fitted)
+            design, workload = group_inputs(members, chip, fitted)
+            args = (first.model, chip, workload, design)
+            kernel = _predict_group.lower(*args)
+            if id(kernel) not in submitted:   # groups of one structure share a kernel
+                submitted.add(id(kernel))
+                compiler.submit(kernel)
+            work.append((members, kernel, args))
+    for members, kernel, args in work:
+        m = kernel(*args)
         row = {k: np.asarray(v) for k, v in m.to_row("pred_").items()}
         for j, spec in enumerate(members):
             fits = bool(row["pred_fits"][j])
