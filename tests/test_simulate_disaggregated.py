@@ -94,3 +94,6 @@ def test_disaggregated_arguments_are_checked():
     with pytest.raises(ValueError, match="closed loop"):
         sim.simulate_disaggregated(MODEL, CHIP, SPLIT, sim.Policy(), sim.Policy(),
                                    sim.closed_loop(2, 4, 64, 4))
+    numbers = eqx.tree_at(lambda d: d.layout, SPLIT, SPLIT.layout.numbers())
+    with pytest.raises(ValueError, match="static pools"):
+        sim.simulate_disaggregated(MODEL, CHIP, numbers, sim.Policy(), sim.Policy(), requests)

@@ -42,6 +42,10 @@ def _check(model, chip, design, prefill_policy, decode_policy, requests):
         raise ValueError(f"design.layout must be a Disaggregated layout (prefill and decode "
                          f"pools), got {type(design.layout).__name__}; simulate an aggregated "
                          "one with `simulate`")
+    if not design.layout.static:
+        raise ValueError("design.layout: the simulator runs static pools (Layout), got "
+                         "LayoutNumbers; pass the Disaggregated of Layouts the numbers came "
+                         "from")
     if requests.clients:
         raise ValueError("requests: a closed loop is not simulated across disaggregated pools "
                          "(requests.clients must be 0)")

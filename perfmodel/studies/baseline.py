@@ -24,11 +24,12 @@ DeepSeek-R1 and Kimi-K2.5) on NVL72 GPUs:
   "dynamo-trt")`).
 
 `recipe_points` evaluates every configuration of that space over a concurrency grid (one
-vmapped `predict` over all of them, the pools as numbers); `perfmodel.studies.jalapeno` takes the baseline's
-operating points from these points together with its aggregated sweep, so the baseline
-configuration is the model's own best predicted point under the InferenceX definition of
-the peak, never read from the measured rows. `measured_top` and `check_top` put the chosen
-point beside the measured rows at the top of the same sweep (a report, not an input).
+vmapped `predict` over all of them, the pools as numbers); `perfmodel.studies.jalapeno`
+takes the baseline's operating points from these points together with its aggregated
+sweep, so the baseline configuration is the model's own best predicted point under the
+InferenceX definition of the peak, never read from the measured rows. `measured_top` and
+`check_top` put the chosen point beside the measured rows at the top of the same sweep (a
+report, not an input).
 
 Example (the search itself is not run as a doctest: one kernel for the 16 layouts, about
 3 s to compile on a CPU):
