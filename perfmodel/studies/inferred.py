@@ -65,6 +65,7 @@ import optimistix as optx
 from .. import compiled
 from ..design import Runtime
 from ..hardware import Chip
+from ..search.compile import SEARCH_OPTIONS
 from ..solvers import RESULTS, check, levenberg_marquardt, message
 from ..workload import Workload
 from .targets import PointTarget, Target, band_miss, replica_metrics
@@ -494,7 +495,9 @@ def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
                      names=start.names())
 
 
-_solve_jit = compiled.filter_jit(_solve)
+# A solve of a few dozen steps: XLA:CPU spends far longer compiling it than running it, so
+# it compiles as the optimizer's search kernel does (`search.compile.SEARCH_OPTIONS`).
+_solve_jit = compiled.filter_jit(_solve, lambda: SEARCH_OPTIONS)
 
 
 def infer(chip: Chip, runtime: Runtime, targets, workload: Workload, *, points=(),
