@@ -20,7 +20,8 @@ Figures (written to `benchmarks/run.json` as well):
   same draw (`peers.py`, one Python call per configuration), its version, the exact call
   and what differs; `ratio` is perfmodel's float64 rate over the tool's.
 - Without `--quick`: `compile_s_entry_points`, the cold and warm wall time of predict,
-  pareto, optimize and simulate on a fresh compilation cache (`compile_times.py`), and
+  compare, predict of the shipped InferenceMAX and power rows, pareto, optimize and
+  simulate on a fresh compilation cache (`compile_times.py`, about 9 minutes), and
   `configs_per_s_8dev` (the same kernel split over 8 fake CPU devices on
   `perfmodel.grid.shard`'s mesh, `XLA_FLAGS=--xla_force_host_platform_device_count=8`).
 
