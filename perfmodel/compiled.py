@@ -300,9 +300,9 @@ def _uncommitted(x):
     """`x`, or a host copy of it when it is a single-device array committed to its device.
 
     A stored program's outputs come back committed (`jax.export`'s call), and a committed
-    argument lowers to a program with explicit shardings: fed to the next stored kernel,
-    it compiled that kernel a second time beside the one for uncommitted arguments (the
-    inferred mode's solve, 65 s of compilation, twice in one `perfmodel compare`)."""
+    argument lowers to a program with explicit shardings: fed as they are to the next
+    stored kernel, they would compile it again beside the program for uncommitted
+    arguments, which computes the same on one device."""
     if isinstance(x, jax.core.Tracer) or not getattr(x, "committed", False):
         return x
     return np.asarray(x) if len(x.sharding.device_set) == 1 else x
