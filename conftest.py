@@ -26,10 +26,10 @@ settings.load_profile("ci")
 
 # Each compiled XLA:CPU executable holds about three memory mappings of its own (measured:
 # 300 small kernels, 427 -> 1,394 mappings) until nothing refers to it. A test worker that
-# runs the whole slow stage held the mappings of about 20,000 executables and reached the limit of
-# 65,530 mappings per process (`vm.max_map_count`; the core dump held 64,834): the next
-# compilation failed to map its code, and raising that error crashed the worker inside the
-# C++ unwinder (segmentation fault or abort in `backend_compile_and_load`, so far in
+# ran the whole slow stage reached Linux's limit of 65,530 mappings per process
+# (`vm.max_map_count`; its core dump held 64,834): the next compilation returned an error
+# (thrown from `ValueOrThrow` in the dump), and raising it crashed the worker inside the C++
+# unwinder (segmentation fault or abort in `backend_compile_and_load`, so far in
 # `test_domain_fuzz.py` and `test_simulate_disaggregated.py`). Past `MAPPINGS_CLEAR`, the
 # worker drops JAX's caches when it leaves a test file (so that no test finds another one's
 # kernels gone midway): kernels compile again when next needed.
