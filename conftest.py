@@ -29,10 +29,11 @@ settings.load_profile("ci")
 # ran the whole slow stage reached Linux's limit of 65,530 mappings per process
 # (`vm.max_map_count`; its core dump held 64,834): the next compilation returned an error
 # (thrown from `ValueOrThrow` in the dump), and raising it crashed the worker inside the C++
-# unwinder (segmentation fault or abort in `backend_compile_and_load`, so far in
-# `test_domain_fuzz.py` and `test_simulate_disaggregated.py`). Past `MAPPINGS_CLEAR`, the
-# worker drops JAX's caches when it leaves a test file (so that no test finds another one's
-# kernels gone midway): kernels compile again when next needed.
+# unwinder (segmentation fault or abort in `backend_compile_and_load`; dumped here in
+# `test_domain_fuzz.py`, and likely the same in CI's earlier crash in
+# `test_simulate_disaggregated.py`, which left no dump). Past `MAPPINGS_CLEAR`, the worker
+# drops JAX's caches when it leaves a test file (so that a file's tests keep the kernels
+# they share): kernels compile again when next needed.
 MAPPINGS_CLEAR = 20_000
 
 
