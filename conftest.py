@@ -33,8 +33,10 @@ settings.load_profile("ci")
 # `test_domain_fuzz.py`, and likely the same in CI's earlier crash in
 # `test_simulate_disaggregated.py`, which left no dump). Past `MAPPINGS_CLEAR`, the worker
 # drops JAX's caches when it leaves a test file (so that a file's tests keep the kernels
-# they share): kernels compile again when next needed.
+# they share), and past `MAPPINGS_FORCE` after any test (one slow file added about 18,000
+# mappings on its own): kernels compile again when next needed.
 MAPPINGS_CLEAR = 20_000
+MAPPINGS_FORCE = 45_000
 
 
 def mappings() -> int:
@@ -48,8 +50,7 @@ def mappings() -> int:
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    if nextitem is not None and nextitem.path == item.path:
-        return
-    if mappings() > MAPPINGS_CLEAR:
+    same_file = nextitem is not None and nextitem.path == item.path
+    if mappings() > (MAPPINGS_FORCE if same_file else MAPPINGS_CLEAR):
         jax.clear_caches()
         gc.collect()
