@@ -454,11 +454,8 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
                    for layout in layouts]
     sizes = [len(c) for c, _ in per_replica]
     n = sum(sizes)
-    # Padded to a power of two (repeating the last point), so sweeps of similar sizes share
-    # one compiled kernel.
-    padded = max(64, 1 << (n - 1).bit_length())
     layout_index = np.repeat(np.arange(len(layouts)), sizes)
-    take = np.minimum(np.arange(padded), n - 1)
+    take = padded_take(n)
     conc = np.concatenate([c for c, _ in per_replica])
     degrees = np.asarray([(lay.tp, lay.ep, lay.pp) for lay in layouts], dtype=np.int64)
     points = {"tp": degrees[layout_index, 0], "ep": degrees[layout_index, 1],
@@ -482,6 +479,19 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
     return Sweep(model=model.name, chip=chip.name, chips=int(chips), precision=prec.names,
                  input_len=isl, output_len=osl, layouts=layouts, layout_index=layout_index,
                  values=values, front=front)
+
+
+def padded_take(n: int, least: int = 64) -> np.ndarray:
+    """Indices that pad `n` points to a power of two (at least `least`) by repeating the last:
+    grids of similar sizes then share one compiled kernel. Keep the first `n` outputs.
+
+    Example:
+        >>> padded_take(3, least=4).tolist()
+        [0, 1, 2, 2]
+    """
+    if n < 1:
+        raise ValueError(f"n: {n} points cannot be padded; give at least one point")
+    return np.minimum(np.arange(max(least, 1 << (n - 1).bit_length())), n - 1)
 
 
 def _layout_grid(model, chip, prec, runtime, layout, grid, context):

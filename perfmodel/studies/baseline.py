@@ -62,6 +62,7 @@ from ..design import Design, Disaggregated, Layout, SliceMapping, SpecDecode, pr
 from ..fitted import runtime_for
 from ..hardware import Chip
 from ..serving import METRIC_KEYS, predict
+from ..sweep import padded_take
 from ..workload import Workload
 
 #: The framework whose fitted engine terms the recipe uses (the InferenceMAX GB200 rows).
@@ -179,9 +180,7 @@ def recipe_points(model: Model, chip: Chip, workload: Workload, per_chip) -> dic
                                                    indexing="ij"))
     c = np.maximum(np.floor(c * chips[index]), 1.0)
     n = len(index)
-    # Padded to a power of two (repeating the last point), so grids of similar sizes share
-    # one compiled kernel.
-    take = np.minimum(np.arange(max(64, 1 << (n - 1).bit_length())), n - 1)
+    take = padded_take(n)
     stacked = jax.tree.map(lambda *xs: np.stack(xs), *[x.numbers() for x in configs])
     points = jax.tree.map(lambda x: jnp.asarray(x[index[take]]), stacked)
     values = _evaluate_jit(model, chip, workload, design_of(model, chip, Config(configs[0])),
