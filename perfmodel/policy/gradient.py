@@ -79,6 +79,11 @@ MARGIN = 0.9
 SLACK_WEIGHT = 0.02
 #: A back-off aims the missed p99 at this fraction of its SLO.
 BACKOFF_TARGET = 0.95
+#: Constraints (TTFT, TPOT) kept by the solves past what the SLOs allow, in order.
+FALLBACKS = ((False, True), (True, False), (False, False))
+#: Past what the SLOs allow, a kept p99 is aimed at its SLO itself: goodput counts each
+#: request against the SLO, and no margin can make both SLOs hold any more.
+FALLBACK_MARGIN = 1.0
 
 
 class Candidate(eqx.Module):
@@ -163,7 +168,7 @@ def _ratio(value, slo):
 
 @eqx.filter_jit
 def _solve(model, chip, design, load, args, replicas, chips, per_kw, solver):
-    lo, hi, max_ttft, max_tpot, enforce = args
+    lo, hi, max_ttft, max_tpot, enforce, margin = args
     span = jnp.log(hi) - jnp.log(lo)
 
     def settings(y):
@@ -175,8 +180,9 @@ def _solve(model, chip, design, load, args, replicas, chips, per_kw, solver):
                             max_ttft, max_tpot, per_kw)
         ttft, tpot = _ratio(e.ttft.p99, max_ttft), _ratio(e.tpot.p99, max_tpot)
         score = jnp.log(value + 1e-9) - SLACK_WEIGHT * (ttft + tpot)
-        g = jnp.stack([jnp.where(jnp.isfinite(max_ttft) & enforce, ttft / MARGIN - 1.0, -1.0),
-                       jnp.where(jnp.isfinite(max_tpot) & enforce, tpot / MARGIN - 1.0,
+        g = jnp.stack([jnp.where(jnp.isfinite(max_ttft) & enforce[0], ttft / margin - 1.0,
+                                 -1.0),
+                       jnp.where(jnp.isfinite(max_tpot) & enforce[1], tpot / margin - 1.0,
                                  -1.0)])
         return (score, g), None
 
@@ -206,12 +212,15 @@ def _x(policy: Policy, load) -> jnp.ndarray:
     return jnp.stack([policy.max_num_batched_tokens, policy.max_num_seqs, chunk])
 
 
-def _candidate(p: Problem, option: Option, solver, enforce: bool = True) -> Candidate:
+def _candidate(p: Problem, option: Option, solver, enforce=(True, True),
+               margin: float = MARGIN) -> Candidate:
+    """`option`'s gradient solve, rounded; `enforce` says which p99 constraint (TTFT, TPOT)
+    holds, each at `margin` x its SLO."""
     load = instance_load(p, option)
     lo, hi = bounds(p.load)
     slos = (jnp.asarray(p.max_ttft), jnp.asarray(p.max_tpot))
     per_kw = p.objective == "goodput_per_kw"
-    args = (lo, hi, *slos, jnp.asarray(enforce))
+    args = (lo, hi, *slos, jnp.asarray(enforce), jnp.asarray(margin, float))
     x, result, steps = _solve(p.model, p.chip, option.design, load, args, option.replicas,
                               p.chips, per_kw, solver)
     policy = rounded(x, p.load)
@@ -263,7 +272,8 @@ def tune(p: Problem, *, max_steps: int = 150, backoffs: int = 3, tries: int = 2,
     solver = AugmentedLagrangian(max_steps=max_steps, steps_per_block=15,
                                  learning_rate=0.1, mu=10.0, rtol=1e-3, atol=1e-3)
     tries = max(1, min(tries, len(p.options)))
-    with bar(len(p.options) + tries * (backoffs + 1), "tuning", progress) as tick:
+    steps_total = len(p.options) + tries * (backoffs + 1) + len(FALLBACKS)
+    with bar(steps_total, "tuning", progress) as tick:
         candidates = []
         for option in p.options:
             candidates.append(_candidate(p, option, solver))
@@ -286,14 +296,23 @@ def tune(p: Problem, *, max_steps: int = 150, backoffs: int = 3, tries: int = 2,
                     break
                 policy, steps = new, steps + 1
         if not any(t[0] for t in tried):
-            # No p99 within its SLO: goodput still counts the requests meeting both, so
-            # the best option's goodput alone is maximised (p99 constraints dropped).
+            # No policy tried meets both SLOs (a load past what they allow). Goodput still
+            # counts the requests meeting both, and one of the two SLOs may still be within
+            # reach: the best option is solved again keeping only the TPOT constraint, only
+            # the TTFT one, and neither, each simulated, and the best simulated one is kept.
             best = candidates[0]
-            loose = _candidate(p, best.option, solver, enforce=False)
-            summary = simulated(p, best.option, loose.policy)
-            simulations += 1
-            tried.append((slo_met(p, summary), float(objective_of(p, summary)), loose,
-                          loose.policy, summary, 0))
+            for enforce in FALLBACKS:
+                slos = (p.max_ttft, p.max_tpot)
+                kept = [math.isfinite(s) for s, e in zip(slos, enforce, strict=True) if e]
+                if kept and not any(kept):
+                    continue   # the SLO kept is infinite: the same solve as keeping neither
+                loose = _candidate(p, best.option, solver, enforce=enforce,
+                                   margin=FALLBACK_MARGIN)
+                summary = simulated(p, best.option, loose.policy)
+                simulations += 1
+                tick.update(1)
+                tried.append((slo_met(p, summary), float(objective_of(p, summary)), loose,
+                              loose.policy, summary, 0))
     met, value, candidate, policy, summary, steps = max(tried, key=lambda t: t[:2])
     option = candidate.option
     per_kw = p.objective == "goodput_per_kw"
