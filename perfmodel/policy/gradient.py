@@ -300,9 +300,8 @@ def tune(p: Problem, *, max_steps: int = 150, backoffs: int = 3, tries: int = 2,
             # counts the requests meeting both, and one of the two SLOs may still be within
             # reach: the best option is solved again keeping only the TPOT constraint, only
             # the TTFT one, and neither, each simulated, and the best simulated one is kept.
-            best = candidates[0]
+            best, slos = candidates[0], (p.max_ttft, p.max_tpot)
             for enforce in FALLBACKS:
-                slos = (p.max_ttft, p.max_tpot)
                 kept = [math.isfinite(s) for s, e in zip(slos, enforce, strict=True) if e]
                 if kept and not any(kept):
                     continue   # the SLO kept is infinite: the same solve as keeping neither
