@@ -122,8 +122,11 @@ def test_numbers_predict_as_the_static_layout(name, hard, vectorize):
             np.testing.assert_allclose(batched[key][i], value, rtol=rtol, err_msg=err)
 
 
+# llama-8b-tpu (8-14 s) with the slow tests too: the search's gradient test
+# (`test_optimize.py`) differentiates through `LayoutNumbers` by default.
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
-                                  if n in ("r1-jalapeno", "llama-8b-h200") + _WIDE else n
+                                  if n in ("r1-jalapeno", "llama-8b-h200", "llama-8b-tpu")
+                                  + _WIDE else n
                                   for n in CASES])
 def test_numbers_gradients_match_and_are_finite(name):
     """d TPOT / d concurrency and d TPOT / d scale-up bandwidth agree between the two forms

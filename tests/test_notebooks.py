@@ -16,11 +16,10 @@ def test_there_are_notebooks():
     assert any(path.name == "quickstart.ipynb" for path in NOTEBOOKS)
 
 
-@pytest.mark.parametrize("path", [
-    # The quickstart, which the README points to, by default; the others (15-20 s each,
-    # batch_policy about 65 s) with the slow tests.
-    pytest.param(p, marks=() if p.stem == "quickstart" else pytest.mark.slow)
-    for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
+# Every notebook runs with the slow tests (a kernel of its own and its compilations: the
+# quickstart 12-25 s, the others 15-20 s, batch_policy about 65 s); `.ci/run` runs them.
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_without_errors(path):
     notebook = nbformat.read(path, as_version=4)
     # "python3" is ipykernel's native kernel: jupyter_client provides it for the running
