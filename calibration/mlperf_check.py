@@ -17,7 +17,8 @@ metric, output tokens/s per accelerator:
   tests nothing about capacity; kept for comparison, with its TTFT/TPOT at the target.
 
 "Before" is the previous check's rules, kept below (`load_rows`, `layout_for`,
-`ASSUMED_INPUT`; `mlperf_serving.py` still simulates with them): the smallest plain-TP
+`ASSUMED_INPUT`; `mlperf_serving.py` takes its layout rule and, with `--assumed-inputs`,
+these inputs): the smallest plain-TP
 group whose weights take <= 60 % of HBM, ASSUMED input means, and for Offline the
 throughput where it reaches 99 % of its peak over a concurrency grid. Nothing here is
 fitted and no measured column is read before the comparison.

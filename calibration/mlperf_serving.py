@@ -8,9 +8,10 @@ TensorRT-LLM online QPS sweep of `data/benchmarks_trtllm.csv` (`--sweep`, on by 
 Nothing is fitted and no measured latency is read before the comparison: the engine, its
 layout and its batch limits come from rules fixed in advance:
 
-- Engine: TensorRT-LLM's fitted runtime terms (`runtime_for("trt")`) for TensorRT software,
-  else vLLM's (`runtime_for("vllm")`); both run the simulator's vLLM-v1 scheduler (the
-  TensorRT-LLM admission variant is not in `perfmodel.simulate`).
+- Engine: TensorRT-LLM's fitted runtime terms (`runtime_for("trt")`) and its scheduler
+  (`sim.Policy.trtllm`: GUARANTEED_NO_EVICT admission, no chunked prefill, 32-token blocks,
+  the engine's defaults) for TensorRT software, else vLLM's terms and vLLM v1's scheduler
+  (`--trt-scheduler vllm` runs TensorRT rows on vLLM's scheduler, as before 2026-12-03).
 - Layout: `mlperf_check.layout_for` (the smallest power-of-two tensor-parallel group whose
   weights take at most 60 % of usable HBM). It gives what NVIDIA's v4.1 Llama-2-70B Server
   configuration uses (H100 TP2, H200 TP1: mlcommons/inference_results_v4.1@a2f5d66
@@ -22,11 +23,14 @@ layout and its batch limits come from rules fixed in advance:
   weights (the same NVIDIA configuration: `use_fp8 = True`; mlperf_check calls this
   UNVERIFIED), and the KV cache is FP8 where the chip runs FP8 (UNVERIFIED for each
   submitter).
-- Lengths (`data/mlperf_dataset_lengths.csv`, from the MLPerf reference READMEs and
-  submitted logs, cited there): outputs at the data set's reference mean tokens per sample,
-  except DeepSeek-R1, drawn from the output percentiles NVIDIA's v6.1 report.txt gives
-  (piecewise linear between them); inputs at `mlperf_check.ASSUMED_INPUT`, because no
-  source read publishes input-length statistics for these data sets (ASSUMED, fixed).
+- Lengths: outputs at the data set's reference mean tokens per sample
+  (`data/mlperf_dataset_lengths.csv`, from the MLPerf reference READMEs and submitted logs,
+  cited there), except DeepSeek-R1, drawn from the output percentiles NVIDIA's v6.1
+  report.txt gives (piecewise linear between them); inputs at the mean tokens of
+  `perfmodel/data/mlperf_lengths.csv` (`perfmodel.mlperf.dataset_lengths`: derived from the
+  data sets' own per-sample token counts, each with its basis and source; DeepSeek-R1's
+  ASSUMED there), the lengths `perfmodel predict` uses for MLPerf rows.
+  `--assumed-inputs` runs the earlier ASSUMED means (`mlperf_check.ASSUMED_INPUT`).
 - Scheduler: MLPerf submitters raise the batch until the latency limits bind. Rule: the
   token budget is 8,192 (TensorRT-LLM's `max_num_tokens` default) and `max_num_seqs` is the
   largest of 16, 32, ..., 2,048 whose simulated p99 TPOT meets the row's TPOT limit
@@ -64,6 +68,7 @@ from mlperf_check import ASSUMED_INPUT, OUTPUT_MEAN, layout_for, load_rows  # no
 from perfmodel import fitted  # noqa: E402
 from perfmodel import simulate as sim  # noqa: E402
 from perfmodel.design import Design, Layout, precision  # noqa: E402
+from perfmodel.mlperf import dataset_lengths  # noqa: E402
 from perfmodel.presets import get_chip, get_model  # noqa: E402
 
 DATA = HERE / "data"
@@ -82,8 +87,32 @@ MAX_STEPS = 20_000
 #: DeepSeek-R1's outputs reach 20,000 tokens (one engine step each).
 MAX_STEPS_LONG = 45_000
 METRICS = ("ttft50", "ttft99", "tpot50", "tpot99")
+
+
+def derived_inputs() -> dict[str, float]:
+    """Mean input tokens per model preset from `perfmodel/data/mlperf_lengths.csv` (models
+    without a statistic there keep `mlperf_check.ASSUMED_INPUT`)."""
+    out = dict(ASSUMED_INPUT)
+    for row in dataset_lengths().values():
+        if row["input_tokens_mean"]:
+            out[row["model"]] = float(row["input_tokens_mean"])
+    return out
+
+
 #: Mean input tokens per model (`--input` overrides one for a sensitivity run).
-INPUT = dict(ASSUMED_INPUT)
+INPUT = derived_inputs()
+#: Scheduler of TensorRT rows: "trtllm" (`sim.Policy.trtllm`) or "vllm" (`--trt-scheduler`).
+TRT_SCHEDULER = {"name": "trtllm"}
+
+
+def policy_for(framework: str, seqs: float, budget: float, prompt: float = 0.0):
+    """The engine's scheduler with its batch limit (requests) and token budget (tokens).
+    TensorRT-LLM schedules a prompt whole unless chunked prefill is on: it is turned on
+    when `prompt` (tokens) exceeds the budget, which a submitter must do to run them."""
+    if framework == "trt" and TRT_SCHEDULER["name"] == "trtllm":
+        return sim.Policy.trtllm(max_batch_size=float(seqs), max_num_tokens=float(budget),
+                                 enable_chunked_prefill=bool(prompt > budget))
+    return sim.Policy(max_num_seqs=float(seqs), max_num_batched_tokens=float(budget))
 
 
 def output_lengths(model: str, num: int, rng: np.random.Generator) -> np.ndarray:
@@ -132,8 +161,9 @@ def requests_for(row: dict, replicas: int, seed: int = 0):
         [scored, np.zeros(MAX_REQUESTS - num, bool)])
 
 
-def run_policy(model, chip, design, requests, scored, seqs: int) -> dict:
-    policy = sim.Policy(max_num_seqs=float(seqs), max_num_batched_tokens=TOKEN_BUDGET)
+def run_policy(model, chip, design, requests, scored, seqs: int, framework: str) -> dict:
+    prompt = float(np.max(np.asarray(requests.input_len)[np.asarray(requests.valid)]))
+    policy = policy_for(framework, seqs, TOKEN_BUDGET, prompt)
     steps = MAX_STEPS_LONG if model.name.startswith("deepseek") else MAX_STEPS
     result = sim.simulate_jit(model, chip, design, policy, requests, max_steps=steps,
                               window=WINDOW)
@@ -165,7 +195,7 @@ def predict_row(row: dict) -> dict:
 
     def trial(i):
         if i not in tried:
-            tried[i] = run_policy(model, chip, design, requests, scored, SEQS[i])
+            tried[i] = run_policy(model, chip, design, requests, scored, SEQS[i], framework)
         return tried[i]
 
     def meets(i):
@@ -299,7 +329,7 @@ def predict_sweep_row(row: dict, num: int = 500) -> dict:
     else:
         arrival = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / row["qps"], num - 1))])
     requests = sim.trace(arrival, np.full(num, row["isl"]), np.full(num, row["osl"]))
-    policy = sim.Policy(max_num_seqs=SWEEP_SEQS, max_num_batched_tokens=SWEEP_BUDGET)
+    policy = policy_for("trt", SWEEP_SEQS, SWEEP_BUDGET, float(row["isl"]))
     result = sim.simulate_jit(model, chip, design, policy, requests, max_steps=MAX_STEPS)
     s = sim.summarize(result)
     done = np.asarray(result.finished)
@@ -397,15 +427,23 @@ def main(argv=None) -> int:
     parser.add_argument("--no-sweep", action="store_true", help="skip the TRT-LLM sweep")
     parser.add_argument("--models", nargs="*", default=(), help="only these model presets")
     parser.add_argument("--input", action="append", default=[], metavar="MODEL=TOKENS",
-                        help="override a model's assumed mean input (a sensitivity run)")
+                        help="override a model's mean input (a sensitivity run)")
+    parser.add_argument("--assumed-inputs", action="store_true",
+                        help="the earlier ASSUMED input means (mlperf_check.ASSUMED_INPUT)")
+    parser.add_argument("--trt-scheduler", choices=("trtllm", "vllm"), default="trtllm",
+                        help="scheduler of TensorRT rows (default: TensorRT-LLM's own)")
     args = parser.parse_args(argv)
+    TRT_SCHEDULER["name"] = args.trt_scheduler
+    if args.assumed_inputs:
+        INPUT.update(ASSUMED_INPUT)
     for item in args.input:
         name, _, tokens = item.partition("=")
         if name not in INPUT:
             parser.error(f"--input: unknown model {name!r}; known: {', '.join(INPUT)}")
         INPUT[name] = float(tokens)
     out = run_mlperf(args.limit, args.models)
-    out["assumed_input"] = dict(INPUT)
+    out["input_means"] = dict(INPUT)
+    out["trt_scheduler"] = TRT_SCHEDULER["name"]
     if not args.no_sweep:
         out["trtllm_sweep"] = run_sweep()
     pathlib.Path(args.json).write_text(json.dumps(out, indent=1, default=float) + "\n")

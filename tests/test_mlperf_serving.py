@@ -49,6 +49,27 @@ def test_lengths_follow_the_data_sets():
     assert np.all(fixed == 294.0)
 
 
+def test_inputs_are_the_derived_means_predict_uses(rows):
+    # The same lengths as `perfmodel predict` (perfmodel/data/mlperf_lengths.csv), not the
+    # earlier ASSUMED means (512 tokens for Llama-2-70B's OpenOrca).
+    from perfmodel.mlperf import dataset_lengths
+    assert ms.INPUT["llama-2-70b"] == float(dataset_lengths()["llama2-70b"]["input_tokens_mean"])
+    assert ms.INPUT["llama-2-70b"] != ms.ASSUMED_INPUT["llama-2-70b"]
+    row = next(r for r in rows if r["model"] == "llama-2-70b")
+    requests, _ = ms.requests_for(row, replicas=1)
+    inputs = np.asarray(requests.input_len)[np.asarray(requests.valid)]
+    assert np.all(inputs == ms.INPUT["llama-2-70b"])
+
+
+def test_tensorrt_rows_run_tensorrt_llms_scheduler():
+    trt, vllm = ms.policy_for("trt", 64, 8192.0), ms.policy_for("vllm", 64, 8192.0)
+    assert (trt.engine, trt.chunked_prefill, float(trt.output_reserve)) == ("trtllm", False, 1.0)
+    assert vllm.engine == "vllm" and float(vllm.max_num_seqs) == float(trt.max_num_seqs) == 64
+    # A prompt longer than the budget runs only with chunked prefill (Llama-3.1-405B).
+    assert ms.policy_for("trt", 64, 8192.0, prompt=9650.0).chunked_prefill
+    assert not ms.policy_for("trt", 64, 8192.0, prompt=8192.0).chunked_prefill
+
+
 def test_requests_share_a_poisson_stream_round_robin(rows):
     row = next(r for r in rows if r["accelerators"] >= 8 and r["model"] == "llama-2-70b")
     requests, scored = ms.requests_for(row, replicas=4, seed=3)
