@@ -24,6 +24,13 @@ import equinox as eqx
 import jax
 import numpy as np
 
+#: XLA:CPU options for small, scalar-heavy kernels that run a few times (the design search,
+#: `perfmodel predict`'s per-group kernels of measurement rows), where compiling costs
+#: seconds and running milliseconds: LLVM at -O0 and no fusion emitters. Measured in
+#: `perfmodel/search/compile.py` (the search kernel 8.6 CPU s cold against 36.3 s with XLA's
+#: defaults) and on the 688 power rows (60 CPU s against 204 s, outputs equal to 1 ulp).
+QUICK_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+
 
 @functools.cache
 def _accepted(key: str, value) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -21,7 +22,7 @@ import numpy as np
 
 from .. import fitted as fitted_params
 from ..architecture import Model
-from ..compiled import filter_jit, side_by_side
+from ..compiled import QUICK_COMPILE, filter_jit, side_by_side
 from ..design import Design, Layout, Runtime, precision
 from ..hardware import Chip
 from ..kvcache import profile_activation_bytes
@@ -220,7 +221,9 @@ def groups_of(specs: list[RowSpec]) -> list[list[RowSpec]]:
     return list(groups.values())
 
 
-@filter_jit   # through the traced-program store: a warm `perfmodel predict` does not trace
+# Through the traced-program store (a warm `perfmodel predict` does not trace), compiled
+# with `QUICK_COMPILE`: 86 kernels of a few rows each, where compiling is the cost.
+@functools.partial(filter_jit, options=lambda: QUICK_COMPILE)
 def _predict_group(model, chip, workload, design):
     # vectorize: the same numbers, compiled about 25% faster for a group of a few rows
     # (measured: 10 groups in 36 s against 47 s).

@@ -24,10 +24,10 @@ persistent compilation cache also keeps their traced programs (`compiled.traced_
 
 from __future__ import annotations
 
-from ..compiled import compiler_options, filter_jit  # noqa: F401  (re-exported)
+from ..compiled import QUICK_COMPILE, compiler_options, filter_jit  # noqa: F401  (re-exported)
 
 #: Options of the search kernel, on the CPU backend.
-SEARCH_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+SEARCH_OPTIONS = dict(QUICK_COMPILE)
 #: Options of the enumeration kernel, on the CPU backend.
 ENUMERATION_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
