@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .architecture import Model
-from .compiled import filter_jit, on_host
+from .compiled import QUICK_COMPILE, filter_jit, on_host
 from .design import (
     Design,
     Layout,
@@ -389,7 +389,9 @@ def _evaluate(model: Model, chip: Chip, runtime: Runtime, prec: Precision, point
     return jax.vmap(one)(points)
 
 
-_evaluate_jit = filter_jit(_evaluate)
+# `QUICK_COMPILE`: a pareto or compare sweep is a few thousand points, run once per process,
+# so compiling is its cost (`perfmodel sweep`'s million-point kernel is `grid.evaluate`'s).
+_evaluate_jit = filter_jit(_evaluate, lambda: QUICK_COMPILE)
 
 
 def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None, *,

@@ -157,7 +157,8 @@ def _evaluate(model, chip, workload, design, layouts, concurrency, draft):
     return jax.vmap(one)(layouts, concurrency, draft)
 
 
-_evaluate_jit = compiled.filter_jit(_evaluate)
+# `QUICK_COMPILE`: the recipe's few dozen configurations run once; compiling is the cost.
+_evaluate_jit = compiled.filter_jit(_evaluate, lambda: compiled.QUICK_COMPILE)
 
 
 def recipe_points(model: Model, chip: Chip, workload: Workload, per_chip) -> dict:
