@@ -248,10 +248,14 @@ def relative_errors(results: list[dict]) -> dict:
 
 
 def medians(results: list[dict]) -> dict:
+    """Median |relative error| per metric, and the median ratio (predicted / measured) of
+    the p99s."""
     errors = relative_errors(results)
     return {"n": len(results),
             **{k: float(np.median(np.abs(v))) if v else float("nan")
-               for k, v in errors.items()}}
+               for k, v in errors.items()},
+            **{f"ratio_{k}": float(np.median(np.asarray(errors[k]) + 1.0)) if errors[k]
+               else float("nan") for k in ("ttft99", "tpot99")}}
 
 
 def run_mlperf(limit: int | None = None, models=(), progress=print) -> dict:
@@ -279,6 +283,8 @@ def run_mlperf(limit: int | None = None, models=(), progress=print) -> dict:
     summary = {"all": medians(results),
                "by_scenario": {s: medians([r for r in results if r["scenario"] == s])
                                for s in ("Server", "Interactive")},
+               "by_model": {m: medians([r for r in results if r["model"] == m])
+                            for m in dict.fromkeys(r["model"] for r in results)},
                "by_group": [{"model": m, "chip": c, "scenario": s, **medians(rs)}
                             for (m, c, s), rs in sorted(groups.items())]}
     return {"summary": summary, "rows": results, "skipped": skipped,
@@ -415,6 +421,9 @@ def table(summary: dict) -> str:
                      f"{cells(g)} |")
     for s, m in summary["by_scenario"].items():
         lines.append(f"| **{s}** | | | {m['n']} | {cells(m)} |")
+    for name, m in summary["by_model"].items():
+        lines.append(f"| **{name}** (median ratio p99 TTFT {m['ratio_ttft99']:.2f}, p99 TPOT "
+                     f"{m['ratio_tpot99']:.2f}) | | | {m['n']} | {cells(m)} |")
     lines.append(f"| **all** | | | {summary['all']['n']} | {cells(summary['all'])} |")
     return "\n".join(lines)
 

@@ -98,3 +98,11 @@ def test_one_small_row_gives_finite_latencies(rows):
         assert np.isfinite(out[key]) and out[key] > 0, key
     assert out["ttft50"] <= out["ttft99"] and out["tpot50"] <= out["tpot99"]
     assert out["seqs"] in ms.SEQS
+
+
+def test_medians_report_errors_and_p99_ratios():
+    rows = [{"ttft50": 1.0, "ttft99": 2.0, "tpot50": 0.1, "tpot99": 0.2,
+             "pred_ttft50": 1.5, "pred_ttft99": 1.0, "pred_tpot50": 0.1, "pred_tpot99": 0.6}]
+    m = ms.medians(rows)
+    assert m["n"] == 1 and m["ttft50"] == 0.5 and m["ttft99"] == 0.5 and m["tpot50"] == 0.0
+    assert m["ratio_ttft99"] == 0.5 and abs(m["ratio_tpot99"] - 3.0) < 1e-12
