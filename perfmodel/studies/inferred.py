@@ -30,7 +30,9 @@ Residuals (`residuals`), each a number of standard deviations:
 
 Solver: `optimistix.least_squares` with `optimistix.LevenbergMarquardt`, Jacobians by
 forward mode (`options={"jac": "fwd"}`: one tangent per parameter; reverse mode gave NaN
-gradients of chip fields through the serving model under jit on XLA:CPU). It stops when a
+gradients of chip fields through the serving model under jit on XLA:CPU), computed with
+the residuals by one compiled kernel that the solve calls back (`perfmodel.solvers.
+called_back`: the solve compiles in seconds, not a minute). It stops when a
 step changes the parameters and the residuals by less than atol + rtol x their size. A
 non-finite loss or Jacobian at the solution is `RESULTS.nonfinite`; `throw=True` raises on
 any failure (`perfmodel.solvers.check`).
@@ -66,7 +68,7 @@ from .. import compiled
 from ..design import Runtime
 from ..hardware import Chip
 from ..search.compile import SEARCH_OPTIONS
-from ..solvers import RESULTS, check, levenberg_marquardt, message
+from ..solvers import RESULTS, called_back, check, forward_jacobian, levenberg_marquardt, message
 from ..workload import Workload
 from .targets import PointTarget, Target, band_miss, replica_metrics
 
@@ -468,8 +470,18 @@ class Inference(eqx.Module):
                        "other figures and priors")
 
 
+# The residuals and their Jacobian, one forward pass, compiled apart from the solve and called
+# back from it (`perfmodel.solvers.called_back`: the solve with the serving model of three
+# LLMs traced into it took 11 s to trace and 40 s to compile on 2 cores, against 3 and 6 s
+# for this kernel). It runs a few hundred times per fit, a few ms each: it compiles as the
+# optimizer's search kernel does (`search.compile.SEARCH_OPTIONS`).
+_residuals_and_jacobian = compiled.filter_jit(forward_jacobian(residuals),
+                                              lambda: SEARCH_OPTIONS)
+
+
 def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
-    solution = optx.least_squares(residuals, solver, start, args=problem,
+    solution = optx.least_squares(called_back(_residuals_and_jacobian), solver, start,
+                                  args=problem,
                                   options={"jac": "fwd"}, max_steps=max_steps, throw=False)
     params = solution.value
     # The residuals and Jacobian of the accepted iterate (`solution.value`): the state keeps
@@ -495,8 +507,8 @@ def _solve(start: InferredParams, problem: Problem, solver, max_steps: int):
                      names=start.names())
 
 
-# A solve of a few dozen steps: XLA:CPU spends far longer compiling it than running it, so
-# it compiles as the optimizer's search kernel does (`search.compile.SEARCH_OPTIONS`).
+# The solve's own program (the Levenberg-Marquardt loop around the callback) compiles as the
+# search kernel does too.
 _solve_jit = compiled.filter_jit(_solve, lambda: SEARCH_OPTIONS)
 
 
