@@ -85,14 +85,22 @@ class filter_jit:
         self.fun, self.options = fun, options
         self.lowered = {}
         """`lower`'s kernels by their static arguments and array types."""
+        self._lock = threading.Lock()
+        self._jitted = None
         functools.update_wrapper(self, fun)
 
     def compiler_options(self) -> dict | None:
         return compiler_options(self.options())
 
-    @functools.cached_property
+    @property
     def jitted(self):
-        return eqx.filter_jit(self.fun, compiler_options=self.compiler_options())
+        """The `eqx.filter_jit` of `fun`, built once (threads that call a kernel at the same
+        time share one jit cache; `perfmodel compare` sweeps from several threads)."""
+        with self._lock:
+            if self._jitted is None:
+                self._jitted = eqx.filter_jit(self.fun,
+                                              compiler_options=self.compiler_options())
+            return self._jitted
 
     def __call__(self, *args, **kwargs):
         folder = traced_store()

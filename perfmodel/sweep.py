@@ -467,7 +467,11 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
     points = {k: jnp.asarray(v[take]) for k, v in points.items()}
     with bar(1, f"{model.name} on {chips} x {chip.name}, {len(layouts)} layouts", progress,
              unit="kernel") as shown:
-        out = (_evaluate_jit if jit else _evaluate)(model, chip, runtime, prec, points)
+        args = (model, chip, runtime, prec, points)
+        # Lowered and compiled apart from jit's call path, whose caches compile one kernel
+        # at a time: sweeps run from several threads (`perfmodel compare`) then compile
+        # side by side.
+        out = _evaluate_jit.lower(*args)(*args) if jit else _evaluate(*args)
         out = {k: np.asarray(v)[:n] for k, v in out.items()}
         shown.update(1)
     replicas = np.asarray([lay.replicas for lay in layouts])[layout_index]
@@ -484,16 +488,25 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
 
 
 def padded_take(n: int, least: int = 64) -> np.ndarray:
-    """Indices that pad `n` points to a power of two (at least `least`) by repeating the last:
-    grids of similar sizes then share one compiled kernel. Keep the first `n` outputs.
+    """Indices that pad `n` points to a power of four (at least `least`) by repeating the
+    last: grids of similar sizes then share one compiled kernel. Keep the first `n` outputs.
+
+    Powers of four, not two: a sweep's kernel compiles for 1-2 s and runs a thousand points
+    in milliseconds, so padding up to 4x costs less than a second kernel. `perfmodel
+    compare` re-sweeps each chip at its fitted top concurrency, a few more points than its
+    first sweep; with powers of two gpt-oss-120b's re-sweep crossed from 512 to 1,024
+    points and compiled its kernel again.
 
     Example:
         >>> padded_take(3, least=4).tolist()
         [0, 1, 2, 2]
+        >>> len(padded_take(300)), len(padded_take(600)), len(padded_take(5, least=1))
+        (1024, 1024, 16)
     """
     if n < 1:
         raise ValueError(f"n: {n} points cannot be padded; give at least one point")
-    return np.minimum(np.arange(max(least, 1 << (n - 1).bit_length())), n - 1)
+    size = max(least, 1 << (2 * (((n - 1).bit_length() + 1) // 2)))
+    return np.minimum(np.arange(size), n - 1)
 
 
 def _layout_grid(model, chip, prec, runtime, layout, grid, context):

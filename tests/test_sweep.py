@@ -176,6 +176,25 @@ def test_sweep_jit_and_eager_agree():
         np.testing.assert_allclose(eager.values[key], jitted.values[key], rtol=1e-12)
 
 
+def test_sweeps_from_threads_equal_serial_sweeps():
+    # `perfmodel compare` runs its sweeps from one thread per core, compiling side by side.
+    import concurrent.futures
+
+    cases = [("llama-3.1-8b", "h100"), ("llama-3.1-8b", "b200"), ("qwen3-32b", "h100")]
+    kwargs = dict(chips=1, grid=(1.0, 16.0))
+
+    def run(case):
+        return sw.sweep(*case, pm.Workload(1024, 256), jit=True, **kwargs)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        threaded = list(pool.map(run, cases))
+    for case, got in zip(cases, threaded, strict=True):
+        alone = run(case)
+        assert got.front.tolist() == alone.front.tolist()
+        for key in ("tput_per_chip_total", "interactivity", "ttft_s"):
+            np.testing.assert_array_equal(got.values[key], alone.values[key])
+
+
 # Elasticities -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,9 @@ cannot have used. Two modes:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 
 import numpy as np
 
@@ -334,6 +336,22 @@ def _unmet(fit, model: str, row: dict) -> str:
     return "; ".join(reasons)
 
 
+def _each(fn, items, keys) -> dict:
+    """{key: fn(item)} over `items` (with `keys` in the same order), one thread per core.
+
+    Each item is a sweep (or two) whose kernel compiles for seconds: XLA compiles without
+    holding Python's lock and runs a CPU kernel on the calling thread, so on two cores one
+    sweep traces while the other compiles or runs. Each kernel is the same as run alone;
+    the results go back in `keys` order."""
+    items = list(items)
+    workers = min(len(items), os.cpu_count() or 1)
+    if workers <= 1:
+        return {k: fn(i) for k, i in zip(keys, items, strict=True)}
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        done = list(pool.map(fn, items))
+    return dict(zip(keys, done, strict=True))
+
+
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,
             osl: int = 1024, reported: bool = False, modes=("predicted", "inferred"),
             chips: int | None = None, grid=DEFAULT_GRID, threshold: float | None = None,
@@ -476,10 +494,14 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
                 "chip_top_rule": rule, "chip_top_requests_per_chip": chip_value}
 
     base_points = {}
-    predicted = {}
-    for m, b in zip(models, baselines, strict=True):
+
+    def both(m, b):
+        # The chip's sweep may read its baseline's peak (`chip_top="interactivity"`).
         base_points[m] = base_of(m, get_chip(b))
-        predicted[m] = points_of(m, target)
+        return points_of(m, target)
+
+    predicted = _each(lambda mb: both(*mb), dict(zip(models, baselines, strict=True)).items(),
+                      models)
     out = []
 
     def threshold_of(m, points):
@@ -553,7 +575,8 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
 
             def resweep(fit):
                 tops = dict(zip(fitted_models(), fit.params.tops(), strict=False))
-                return {m: points_of(m, fit.chip, fit.runtime, tops.get(m)) for m in models}
+                return _each(lambda m: points_of(m, fit.chip, fit.runtime, tops.get(m)),
+                             models, models)
 
             points = resweep(fit)
             targets, extra_points = targets_at(points)
