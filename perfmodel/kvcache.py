@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from .architecture import Model
 from .design import Layout, LayoutNumbers, Precision, SliceMapping
@@ -155,7 +156,8 @@ def profile_activation_bytes(model: Model, layout: Layout | LayoutNumbers,
         logit_bytes: bytes per logit (float32: 4).
 
     Returns:
-        Bytes per chip.
+        Bytes per chip (a NumPy array when `tokens`, `seqs` and the precision's activation
+        bytes are NumPy arrays or Python numbers).
 
     Example:
         >>> from perfmodel.presets import get_model
@@ -167,9 +169,13 @@ def profile_activation_bytes(model: Model, layout: Layout | LayoutNumbers,
         >>> round(float(profile_activation_bytes(m, Layout(tp=1), p, 8192, 256)) / 1e9, 2)
         0.84
     """
-    tokens = jnp.asarray(tokens, dtype=float)
-    seqs = jnp.minimum(jnp.asarray(seqs, dtype=float), tokens)
-    b = jnp.asarray(precision.activation_bytes, dtype=float)
+    # NumPy on host values (a group of measurement rows before its kernel), where each
+    # jax.numpy operation would compile a program of its own; jax.numpy otherwise.
+    xp = np if all(isinstance(x, (np.ndarray, np.generic, int, float))
+                   for x in (tokens, seqs, precision.activation_bytes)) else jnp
+    tokens = xp.asarray(tokens, dtype=float)
+    seqs = xp.minimum(xp.asarray(seqs, dtype=float), tokens)
+    b = xp.asarray(precision.activation_bytes, dtype=float)
     D, H = model.hidden, model.head_dim
     tp = layout.tp
     attention = (2 * model.num_heads + 2 * model.num_kv_heads) * H / tp
@@ -182,7 +188,7 @@ def profile_activation_bytes(model: Model, layout: Layout | LayoutNumbers,
         mlp = maximum(mlp, experts)
     layer = tokens * b * (2 * D + maximum(attention, mlp))
     head = tokens * b * D + 2.0 * seqs * model.vocab * logit_bytes
-    return jnp.maximum(layer, head)
+    return xp.maximum(layer, head)
 
 
 def kv_capacity_per_chip(chip_capacity, weight_bytes, memory_fraction, activation_reserve):

@@ -17,12 +17,11 @@ import os
 import re
 
 import equinox as eqx
-import jax.numpy as jnp
 import numpy as np
 
 from .. import fitted as fitted_params
 from ..architecture import Model
-from ..compiled import QUICK_COMPILE, filter_jit, side_by_side
+from ..compiled import QUICK_COMPILE, filter_jit, on_host, side_by_side
 from ..design import Design, Layout, Runtime, precision
 from ..hardware import Chip
 from ..kvcache import profile_activation_bytes
@@ -182,8 +181,11 @@ def group_inputs(specs: list[RowSpec], chip: Chip, fitted: dict) -> tuple[Design
             runtime takes ({}: the `Runtime` priors, kernels at the latency fit's speed).
     """
     first = specs[0]
-    conc = jnp.asarray([s.concurrency for s in specs], dtype=float)
-    running = jnp.asarray([s.max_running for s in specs], dtype=float)
+    # NumPy until the Modules: outside a kernel, each jax.numpy operation on a group's
+    # few rows compiles a program of its own for that group size (about 150 of them, 5 s,
+    # on the 688 power rows' cold run).
+    conc = np.asarray([s.concurrency for s in specs], dtype=float)
+    running = np.asarray([s.max_running for s in specs], dtype=float)
     # vLLM keeps the KV cache in the model's dtype unless told otherwise.
     kv = "bf16" if first.framework.startswith("vllm") else None
     prec = precision(chip, first.model, first.weights, kv=kv, emulate=True)   # what ran
@@ -192,23 +194,23 @@ def group_inputs(specs: list[RowSpec], chip: Chip, fitted: dict) -> tuple[Design
     name = f"mlenergy-{first.framework}"
     entry = (fitted_params.runtime_terms(name, chip.family, power=fitted)
              if name in fitted_params.POWER_FRAMEWORKS else {})
-    ones = jnp.ones_like(running)
-    terms = {k: v * ones for k, v in entry.items()}
+    ones = np.ones_like(running)
+    terms = {k: np.asarray(v, dtype=float) * ones for k, v in entry.items()}
     terms.setdefault("kernel_efficiency", ones)
     runtime = Runtime(max_running=running, framework=first.framework, **terms)
     if first.framework.startswith("vllm"):
         # vLLM keeps its profiled activation peak out of the KV cache, not a flat reserve;
         # rows without max_num_seqs ran vLLM's default of 256 (vllm EngineArgs).
-        seqs = jnp.where(jnp.isfinite(running), running, 256.0)
-        reserve = profile_activation_bytes(first.model, first.layout, prec,
-                                           runtime.max_batched_tokens, seqs)
+        seqs = np.where(np.isfinite(running), running, 256.0)
+        reserve = profile_activation_bytes(first.model, first.layout, on_host(prec),
+                                           np.asarray(runtime.max_batched_tokens), seqs)
         runtime = eqx.tree_at(lambda r: r.activation_reserve, runtime, reserve)
     design = Design(concurrency=conc, layout=first.layout, precision=prec, runtime=runtime)
-    ratio = jnp.asarray([1.0 if s.isl_assumed else 0.8 for s in specs], dtype=float)
-    workload = Workload(input_len=jnp.asarray([s.isl for s in specs], dtype=float),
-                        output_len=jnp.asarray([s.osl for s in specs], dtype=float),
+    ratio = np.asarray([1.0 if s.isl_assumed else 0.8 for s in specs], dtype=float)
+    workload = Workload(input_len=np.asarray([s.isl for s in specs], dtype=float),
+                        output_len=np.asarray([s.osl for s in specs], dtype=float),
                         input_range_ratio=ratio, output_range_ratio=ratio,
-                        first_wave_fraction=jnp.zeros_like(ratio))
+                        first_wave_fraction=np.zeros_like(ratio))
     return design, workload
 
 
