@@ -223,9 +223,19 @@ def groups_of(specs: list[RowSpec]) -> list[list[RowSpec]]:
     return list(groups.values())
 
 
+#: The per-group kernels' XLA:CPU options: `QUICK_COMPILE`, and each kernel's LLVM module
+#: compiled whole. XLA:CPU splits a module into parts for parallel code generation by
+#: default; these kernels are small and already compile two at a time (`side_by_side`),
+#: where the split costs more than it saves: a cold `perfmodel predict` of the 688 power rows
+#: took 0.92x the wall time and 0.87x the CPU time (median of three alternating cold runs
+#: each; outputs equal to 1 ulp). `perfmodel compare`'s larger kernels were slower with it
+#: (1.12x wall), so `QUICK_COMPILE` keeps XLA's split.
+ROWS_COMPILE = dict(QUICK_COMPILE, xla_cpu_parallel_codegen_split_count=1)
+
+
 # Through the traced-program store (a warm `perfmodel predict` does not trace), compiled
-# with `QUICK_COMPILE`: 86 kernels of a few rows each, where compiling is the cost.
-@functools.partial(filter_jit, options=lambda: QUICK_COMPILE)
+# with `ROWS_COMPILE`: 86 kernels of a few rows each, where compiling is the cost.
+@functools.partial(filter_jit, options=lambda: ROWS_COMPILE)
 def _predict_group(model, chip, workload, design):
     # vectorize: the same numbers, compiled about 25% faster for a group of a few rows
     # (measured: 10 groups in 36 s against 47 s).
