@@ -131,6 +131,10 @@ def called_back(kernel):
     pass) traces and compiles once, in 3 and 6 s, and is then called once or twice per
     Levenberg-Marquardt step, a few ms each. The solution is the same to rounding.
 
+    On the CPU backend only: elsewhere the callback would receive host arrays and dispatch
+    the kernel to the accelerator from inside a program running there, so the residual
+    function is traced into the solve as usual.
+
     The result is differentiable once (the Jacobian), not twice, and in `y` only (`args`
     pass through `jax.lax.stop_gradient`); `y` must be a pytree of
     arrays and `args` the same structure, static parts and array types on every call of
@@ -147,6 +151,11 @@ def called_back(kernel):
         0.25
     """
     def residuals(y, args):
+        if jax.default_backend() != "cpu":
+            # A callback gets host arrays, and a kernel it dispatched to the accelerator
+            # could wait on the solve that waits on it: there the residual function is
+            # traced into the solve (`forward_jacobian` keeps it as `__wrapped__`).
+            return kernel.fun.__wrapped__(y, args)
         for leaf in jax.tree_util.tree_leaves(y):
             if not eqx.is_array(leaf):
                 raise ValueError(f"called_back: y has a leaf {leaf!r} that is not an array: "

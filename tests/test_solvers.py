@@ -83,3 +83,18 @@ def test_called_back_has_the_kernel_jacobian_and_stops_args():
 def test_called_back_rejects_a_non_array_parameter():
     with pytest.raises(ValueError, match="not an array"):
         called_back(KERNEL)(Params(scale=1.0, rate=jnp.asarray([1.0, 1.0])), DATA)
+
+
+def test_called_back_traces_the_residuals_off_the_cpu(monkeypatch):
+    # On an accelerator the callback could deadlock: the residual function is used as is.
+    calls = []
+
+    def spy(y, args):
+        calls.append(1)
+        return decay(y, args)
+
+    kernel = compiled.filter_jit(forward_jacobian(spy))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    out = called_back(kernel)(START, DATA)
+    np.testing.assert_allclose(out, decay(START, DATA))
+    assert calls and not kernel.lowered
