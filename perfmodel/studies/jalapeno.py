@@ -336,20 +336,19 @@ def _unmet(fit, model: str, row: dict) -> str:
     return "; ".join(reasons)
 
 
-def _each(fn, items, keys) -> dict:
-    """{key: fn(item)} over `items` (with `keys` in the same order), one thread per core.
+def _each(fn, items) -> list:
+    """[fn(item) for item in items], one thread per core.
 
     Each item is a sweep (or two) whose kernel compiles for seconds: XLA compiles without
     holding Python's lock and runs a CPU kernel on the calling thread, so on two cores one
     sweep traces while the other compiles or runs. Each kernel is the same as run alone;
-    the results go back in `keys` order."""
+    the results come back in the items' order."""
     items = list(items)
     workers = min(len(items), os.cpu_count() or 1)
     if workers <= 1:
-        return {k: fn(i) for k, i in zip(keys, items, strict=True)}
+        return [fn(i) for i in items]
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        done = list(pool.map(fn, items))
-    return dict(zip(keys, done, strict=True))
+        return list(pool.map(fn, items))
 
 
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,
@@ -500,8 +499,8 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
         base_points[m] = base_of(m, get_chip(b))
         return points_of(m, target)
 
-    predicted = _each(lambda mb: both(*mb), dict(zip(models, baselines, strict=True)).items(),
-                      models)
+    predicted = dict(zip(models, _each(lambda mb: both(*mb),
+                                       zip(models, baselines, strict=True)), strict=True))
     out = []
 
     def threshold_of(m, points):
@@ -575,8 +574,9 @@ def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192
 
             def resweep(fit):
                 tops = dict(zip(fitted_models(), fit.params.tops(), strict=False))
-                return _each(lambda m: points_of(m, fit.chip, fit.runtime, tops.get(m)),
-                             models, models)
+                return dict(zip(models, _each(
+                    lambda m: points_of(m, fit.chip, fit.runtime, tops.get(m)), models),
+                    strict=True))
 
             points = resweep(fit)
             targets, extra_points = targets_at(points)
