@@ -79,22 +79,37 @@ def metrics_fn(model_name: str = MODEL, chip_name: str = CHIP, layout: dict | No
     return one, chip, design
 
 
-def build(model_name: str = MODEL, chip_name: str = CHIP, devices: int = 1):
-    """The jitted, vmapped `one`; over several local devices the configurations are split
-    along the grid axis of `perfmodel.grid.shard` (the mesh `perfmodel sweep` runs on)."""
+def build(model_name: str = MODEL, chip_name: str = CHIP, devices: int = 1,
+          specs_as_args: bool = False):
+    """(`batched(cfg)`, `one`, chip, design): the jitted, vmapped `one` over a dict of
+    configurations.
+
+    The chip and design are constants of the kernel (closed over), as in any sweep that
+    holds them fixed: XLA folds the formulas that do not depend on a configuration (the
+    configurations still scale the chip's bandwidth, compute and links, so those stay
+    inputs). `specs_as_args` passes them as arguments instead (`eqx.filter_jit` of the
+    vmap called with the chip and design: one kernel for every chip of the same structure,
+    about 1.3x slower per configuration). Over several local devices the configurations are
+    split along the grid axis of `perfmodel.grid.shard` (the mesh `perfmodel sweep` runs
+    on)."""
     one, chip, design = metrics_fn(model_name, chip_name)
     vmapped = eqx.filter_vmap(one, in_axes=(0, None, None))
+    if devices == 1 and specs_as_args:
+        jitted = eqx.filter_jit(vmapped)
+        return (lambda cfg: jitted(cfg, chip, design)), one, chip, design
     if devices == 1:
-        return eqx.filter_jit(vmapped), one, chip, design
+        return jax.jit(lambda cfg: vmapped(cfg, chip, design)), one, chip, design
     from perfmodel.grid import shard
 
     place = shard.placement(devices)
+    if specs_as_args:
+        @eqx.filter_jit
+        def batched(cfg, chip, design):
+            return place.map(lambda c, specs: vmapped(c, *specs), cfg, (chip, design))
 
-    @eqx.filter_jit
-    def batched(cfg, chip, design):
-        return place.map(lambda c, specs: vmapped(c, *specs), cfg, (chip, design))
-
-    return batched, one, chip, design
+        return (lambda cfg: batched(cfg, chip, design)), one, chip, design
+    return (jax.jit(lambda cfg: place.map(lambda c, _: vmapped(c, chip, design), cfg, ())),
+            one, chip, design)
 
 
 def build_grads(model_name: str = MODEL, chip_name: str = CHIP):
@@ -119,11 +134,16 @@ def build_grads(model_name: str = MODEL, chip_name: str = CHIP):
     return grads, chip, design
 
 
-def timed(fn, *args, repeats: int = 5):
-    """(first call with compilation, median of `repeats` calls after it, last output) in s."""
+def timed(fn, *args, repeats: int = 5, warmup: int = 10):
+    """(first call with compilation, median of `repeats` calls after `warmup` untimed ones,
+    last output) in s. The first calls after compilation can run slower (in one run, 7.5-8.5
+    ms for each of the first 20 calls of 100,000 configurations, 5.0-5.3 ms after): the
+    median is of the steady state a long sweep runs in."""
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
     compile_s = time.perf_counter() - start
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -142,19 +162,21 @@ def spot_check(one, cfg, out, chip, design, picks=(0, 1, 2)) -> float:
     return gap
 
 
-def measure(n: int = 100_000, repeats: int = 5, devices: int = 1, grad_n: int = 0) -> dict:
+def measure(n: int = 100_000, repeats: int = 5, devices: int = 1, grad_n: int = 0,
+            specs_as_args: bool = False) -> dict:
     """The figures of one run in this process's precision (`grad_n` 0: no gradients)."""
-    batched, one, chip, design = build(devices=devices)
+    batched, one, chip, design = build(devices=devices, specs_as_args=specs_as_args)
     cfg = configurations(n)
     if devices > 1:
         from perfmodel.grid import shard
 
         cfg = shard.placement(devices).put(cfg)
-    compile_s, run_s, out = timed(batched, cfg, chip, design, repeats=repeats)
+    compile_s, run_s, out = timed(batched, cfg, repeats=repeats)
     finite = all(bool(jnp.all(jnp.isfinite(x))) for x in out)
     gap = spot_check(one, cfg, out, chip, design)
     result = dict(n=n, dtype=str(out[0].dtype), platform=jax.devices()[0].platform,
-                  devices=devices, compile_s=compile_s, run_s=run_s, configs_per_s=n / run_s,
+                  devices=devices, specs_as_args=specs_as_args, compile_s=compile_s,
+                  run_s=run_s, configs_per_s=n / run_s,
                   finite=finite, gap=gap)
     if grad_n:
         grads, chip, design = build_grads()
@@ -169,13 +191,16 @@ def measure(n: int = 100_000, repeats: int = 5, devices: int = 1, grad_n: int = 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="configurations (default 1e5)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs (default 5)")
+    parser.add_argument("--repeats", type=int, default=30, help="timed runs (default 30)")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--grads", action="store_true", help="also time per-config gradients")
     parser.add_argument("--grad-n", type=int, default=10_000, help="configurations for --grads")
     parser.add_argument("--devices", type=int, default=1,
                         help="local devices to split over (CPU: set XLA_FLAGS="
                              "--xla_force_host_platform_device_count=N)")
+    parser.add_argument("--specs-as-args", action="store_true",
+                        help="pass the chip and design to the kernel as arguments (default: "
+                             "its constants)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.dtype != os.environ.get("PERFMODEL_BENCH_DTYPE", "float64"):
@@ -183,12 +208,15 @@ def main(argv=None) -> dict:
         argv = list(argv) if argv is not None else sys.argv[1:]
         os.execv(sys.executable, [sys.executable, __file__, *argv])
     result = measure(args.n, args.repeats, devices=args.devices,
-                     grad_n=args.grad_n if args.grads else 0)
+                     grad_n=args.grad_n if args.grads else 0,
+                     specs_as_args=args.specs_as_args)
     compile_s, run_s, finite, gap = (result[k] for k in ("compile_s", "run_s", "finite", "gap"))
     if args.json:
         print(json.dumps(result))
         return result
-    print(f"{args.n} configurations in one vmapped predict on {args.devices} "
+    specs = "as arguments" if args.specs_as_args else "as constants"
+    print(f"{args.n} configurations in one vmapped predict (chip and design {specs}) on "
+          f"{args.devices} "
           f"{result['platform']} device(s) "
           f"({result['dtype']}): first call (compile + run) {compile_s:.2f} s; after "
           f"compilation median {run_s * 1e3:.1f} ms over {args.repeats} runs "

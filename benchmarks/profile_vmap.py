@@ -18,7 +18,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_vmap  # noqa: E402  (float64 before any array exists)
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 
@@ -28,17 +27,17 @@ def main(argv=None) -> dict:
                                                                    1_000_000])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    batched, _, chip, design = bench_vmap.build()
+    batched, _, _, _ = bench_vmap.build()
     rows = []
     for n in args.sizes:
         cfg = bench_vmap.configurations(n)
-        _, run_s, _ = bench_vmap.timed(batched, cfg, chip, design, repeats=args.repeats)
+        _, run_s, _ = bench_vmap.timed(batched, cfg, repeats=args.repeats)
         rows.append(dict(n=n, run_s=run_s, us_per_config=run_s / n * 1e6))
     sizes = np.array([r["n"] for r in rows], float)
     times = np.array([r["run_s"] for r in rows])
     slope, intercept = np.polyfit(sizes, times, 1)
     cfg = bench_vmap.configurations(100_000)
-    lowered = jax.jit(lambda c: batched(c, chip, design)).lower(cfg).compile()
+    lowered = batched.lower(cfg).compile()
     cost = lowered.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     result = dict(rows=rows, per_call_s=float(intercept), per_config_s=float(slope),

@@ -7,8 +7,10 @@ Figures (written to `benchmarks/run.json` as well):
 
 - `configs_per_s`: serving-metric evaluations per second (`bench_vmap.py`: 100,000 random
   configurations around GB200 + DeepSeek-R1 tp8-ep8 with DP attention, FP4, one jitted
-  `vmap` of `predict`), one device, float64, after compilation; `configs_per_s_f32` the same
-  in float32 (a fresh process: JAX's precision is set before any array exists).
+  `vmap` of `predict`, the chip and design constants of the kernel), one device, float64,
+  after compilation; `configs_per_s_f32` the same in float32 (a fresh process: JAX's
+  precision is set before any array exists); `configs_per_s_specs_as_args` float64 with the
+  chip and design passed to the kernel as arguments (`bench_vmap.build(specs_as_args=True)`).
 - `grads_per_s`: per-configuration gradients of tokens/s per kW with respect to the six
   inputs of a configuration (`bench_vmap.build_grads`), after compilation.
 - `compile_s`, `grad_compile_s`: the first calls of those kernels: compilation, or loading
@@ -130,7 +132,7 @@ def main(argv=None) -> dict:
         "PERFMODEL_BENCH_PEERS", PEERS_VENV if Path(PEERS_VENV).exists() else sys.executable))
     parser.add_argument("--out", default=str(HERE / "run.json"), help="JSON written here")
     args = parser.parse_args(argv)
-    n, repeats = 100_000, (5 if args.quick else 10)
+    n, repeats = 100_000, (30 if args.quick else 50)
     started = time.perf_counter()
     result = dict(command="python benchmarks/run.py" + (" --quick" if args.quick else ""),
                   load_average=list(os.getloadavg()), cpus=os.cpu_count(),
@@ -140,6 +142,8 @@ def main(argv=None) -> dict:
     result.update(configs_per_s=f64["configs_per_s"], run_s=f64["run_s"],
                   compile_s=f64["compile_s"], grads_per_s=f64["grads_per_s"],
                   grad_n=f64["grad_n"], grad_compile_s=f64["grad_compile_s"])
+    result["configs_per_s_specs_as_args"] = bench_vmap.measure(
+        n, repeats, specs_as_args=True)["configs_per_s"]
     f32 = float32(n, repeats)
     result["configs_per_s_f32"] = f32.get("configs_per_s", f32.get("error"))
     result["pareto_startup_s"] = pareto_startup()["seconds"]
@@ -167,7 +171,8 @@ def main(argv=None) -> dict:
     def rate(x):
         return f"{x:,.0f}" if isinstance(x, float | int) else str(x)
 
-    print(f"configs/s float64 {rate(result['configs_per_s'])}, float32 "
+    print(f"configs/s float64 {rate(result['configs_per_s'])} (specs as arguments "
+          f"{rate(result['configs_per_s_specs_as_args'])}), float32 "
           f"{rate(result['configs_per_s_f32'])}; grads/s {rate(result['grads_per_s'])}; "
           f"perfmodel pareto {result['pareto_startup_s']:.1f} s (load "
           f"{', '.join(f'{x:.1f}' for x in result['load_average'])}); fastest peer "

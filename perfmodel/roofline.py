@@ -15,6 +15,9 @@ DeepSeek-V3 (arXiv 2412.19437) for MLA, with weight absorption at decode.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -288,14 +291,30 @@ def stack_operators(ops) -> Operator:
     return Operator(name="+".join(op.name for op in ops), **fields)
 
 
-def _peak(op: Operator, chip: Chip):
-    """Peak FLOP/s of the operator's compute mix on `chip`."""
-    return jnp.sum(op.compute_mix * chip.peak_flops, axis=-1)
+def _mix(mix, per_class, unrolled: bool = True):
+    """`sum(mix * per_class, axis=-1)` over the compute classes. `unrolled` (static) writes
+    it out as a chain of adds in the order of XLA's reduction (the same numbers): under a wide
+    `vmap` XLA:CPU fuses the adds into the formulas that use them, where a reduction is a
+    kernel of its own (YNNPACK's, 0.2 to 0.7 ms per 100,000 float64 configurations each on
+    2 cores; `bench_vmap.py` 1.25x faster). The stacked order (`step_cost(...,
+    vectorize=True)`, gradient steps) keeps the reduction: fewer operations to trace."""
+    if not unrolled:
+        return jnp.sum(mix * per_class, axis=-1)
+    mix, per_class = jnp.broadcast_arrays(mix, per_class)
+    terms = [lax.index_in_dim(mix, i, axis=-1, keepdims=False)
+             * lax.index_in_dim(per_class, i, axis=-1, keepdims=False)
+             for i in range(mix.shape[-1])]
+    return functools.reduce(operator.add, terms)
 
 
-def _energy_per_flop(op: Operator, chip: Chip):
-    """Dynamic energy per FLOP (J) of the operator's compute mix on `chip`."""
-    return jnp.sum(op.compute_mix * chip.energy.per_flop, axis=-1)
+def _peak(op: Operator, chip: Chip, unrolled: bool = True):
+    """Peak FLOP/s of the operator's compute mix on `chip` (`_mix`)."""
+    return _mix(op.compute_mix, chip.peak_flops, unrolled)
+
+
+def _energy_per_flop(op: Operator, chip: Chip, unrolled: bool = True):
+    """Dynamic energy per FLOP (J) of the operator's compute mix on `chip` (`_mix`)."""
+    return _mix(op.compute_mix, chip.energy.per_flop, unrolled)
 
 
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
@@ -393,8 +412,9 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         # (see `optimize._block`).
         weight_maps = jnp.stack(jnp.broadcast_arrays(
             *[design.mapping.weight_class(op.name) for op in ops]))
-        peaks = jnp.stack(jnp.broadcast_arrays(*[_peak(op, chip) for op in ops]))
-        per_flop = jnp.stack(jnp.broadcast_arrays(*[_energy_per_flop(op, chip) for op in ops]))
+        peaks = jnp.stack(jnp.broadcast_arrays(*[_peak(op, chip, False) for op in ops]))
+        per_flop = jnp.stack(jnp.broadcast_arrays(
+            *[_energy_per_flop(op, chip, False) for op in ops]))
         t, energy, flops, hbm_bytes = jax.vmap(one)(stack_operators(ops), kinds[:, 0],
                                                     kinds[:, 1], weight_maps, peaks, per_flop)
         times, operators_time = tuple(t), jnp.sum(t, axis=0)
