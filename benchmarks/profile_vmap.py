@@ -1,49 +1,97 @@
 """Where the time of `bench_vmap.py` goes: per-call overhead against per-configuration cost.
 
-    python benchmarks/profile_vmap.py [--sizes 1 1000 10000 100000 1000000]
+    python benchmarks/profile_vmap.py [--sizes 1 1000 10000 100000 1000000] [--trace]
 
 Times the jitted, vmapped kernel after compilation at several batch sizes (the intercept of
 time against size is the host-side cost of a call: argument flattening, dispatch, the wait
-for the result; the slope is the kernel's cost per configuration), and prints XLA's own
-estimate of the kernel's FLOPs and bytes per configuration (`cost_analysis`).
+for the result; the slope is the kernel's cost per configuration) with the process's CPU
+time per wall second over each size's timed calls (above 1: XLA:CPU runs independent
+fusions of the kernel on both cores), and prints XLA's own estimate of the kernel's FLOPs
+and bytes per configuration (`cost_analysis`) and the kernel's fusions. `--trace` also
+records 10 calls of 100,000 configurations with `jax.profiler` and lists the kernel's
+fusions by their total time per call (summed over the threads that ran them).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import json
+import resource
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_vmap  # noqa: E402  (float64 before any array exists)
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def trace(batched, cfg, calls: int = 10, top: int = 12) -> list[dict]:
+    """The kernel's thunks (fusions) by total time per call over `calls` traced calls."""
+    jax.block_until_ready(batched(cfg))
+    with tempfile.TemporaryDirectory() as directory:
+        with jax.profiler.trace(directory):
+            for _ in range(calls):
+                jax.block_until_ready(batched(cfg))
+        path = glob.glob(f"{directory}/**/*.xplane.pb", recursive=True)[0]
+        data = jax.profiler.ProfileData.from_file(path)
+        total, count = collections.Counter(), collections.Counter()
+        for plane in data.planes:
+            for line in plane.lines:
+                if not line.name.startswith("tf_XLA"):
+                    continue
+                for event in line.events:
+                    if event.name.startswith("ThunkExecutor") or "Await" in event.name:
+                        continue
+                    total[event.name] += event.duration_ns
+                    count[event.name] += 1
+    return [dict(thunk=name, ms_per_call=ns / 1e6 / calls, runs=count[name])
+            for name, ns in total.most_common(top)]
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 1000, 10_000, 100_000,
                                                                    1_000_000])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--trace", action="store_true", help="list the fusions by time")
     args = parser.parse_args(argv)
     batched, _, _, _ = bench_vmap.build()
     rows = []
     for n in args.sizes:
         cfg = bench_vmap.configurations(n)
         _, run_s, _ = bench_vmap.timed(batched, cfg, repeats=args.repeats)
-        rows.append(dict(n=n, run_s=run_s, us_per_config=run_s / n * 1e6))
+        cpu, wall = _cpu_s(), time.perf_counter()
+        for _ in range(args.repeats):
+            jax.block_until_ready(batched(cfg))
+        cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
+        rows.append(dict(n=n, run_s=run_s, us_per_config=run_s / n * 1e6,
+                         cpu_per_wall_s=cpu / wall))
     sizes = np.array([r["n"] for r in rows], float)
     times = np.array([r["run_s"] for r in rows])
     slope, intercept = np.polyfit(sizes, times, 1)
     cfg = bench_vmap.configurations(100_000)
-    lowered = batched.lower(cfg).compile()
-    cost = lowered.cost_analysis()
+    compiled = batched.lower(cfg).compile()
+    cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
+    text = compiled.as_text()
     result = dict(rows=rows, per_call_s=float(intercept), per_config_s=float(slope),
                   kernel_share_at_1e5=float(slope * 1e5 / (slope * 1e5 + max(intercept, 0))),
                   xla_flops_per_config=float(cost.get("flops", float("nan"))) / 1e5,
-                  xla_bytes_per_config=float(cost.get("bytes accessed", float("nan"))) / 1e5)
+                  xla_bytes_per_config=float(cost.get("bytes accessed", float("nan"))) / 1e5,
+                  fusions=text.count(" fusion("), ynn_fusions=text.count("__ynn_fusion"))
+    if args.trace:
+        result["thunks"] = trace(batched, cfg)
     print(json.dumps(result, indent=1))
     return result
 
