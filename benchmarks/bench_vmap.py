@@ -84,12 +84,13 @@ def build(model_name: str = MODEL, chip_name: str = CHIP, devices: int = 1,
     """(`batched(cfg)`, `one`, chip, design): the jitted, vmapped `one` over a dict of
     configurations.
 
-    The chip and design are constants of the kernel (closed over), as in any sweep that
-    holds them fixed: XLA folds the formulas that do not depend on a configuration (the
+    The chip and design are constants of the kernel (closed over), as in a user's function
+    over fixed specs: XLA folds the formulas that do not depend on a configuration (the
     configurations still scale the chip's bandwidth, compute and links, so those stay
     inputs). `specs_as_args` passes them as arguments instead (`eqx.filter_jit` of the
     vmap called with the chip and design: one kernel for every chip of the same structure,
-    about 1.3x slower per configuration). Over several local devices the configurations are
+    about 1.2-1.3x slower per configuration; `perfmodel sweep`'s kernel, `grid.evaluate`,
+    also takes its specs as arguments). Over several local devices the configurations are
     split along the grid axis of `perfmodel.grid.shard` (the mesh `perfmodel sweep` runs
     on)."""
     one, chip, design = metrics_fn(model_name, chip_name)
