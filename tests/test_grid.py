@@ -153,6 +153,22 @@ def test_feasible_rows_match_predict(reference):
             float(m.throughput_per_chip), rel=1e-12)
 
 
+def test_sweep_through_the_traced_store_equals_the_reference(reference, tmp_path,
+                                                              monkeypatch):
+    """On one device the kernel goes through the traced-program store: the run that traces
+    and stores it and the run that loads it write the reference's rows."""
+    from perfmodel import compiled
+
+    ref_path, _ = reference
+    store = tmp_path / "traced"
+    monkeypatch.setattr(compiled, "traced_store", lambda: str(store))
+    for run in ("stored", "loaded"):
+        path = str(tmp_path / f"{run}.csv")
+        run_sweep(small(), path, size=SMALL_CHUNK, progress=False)
+        assert read_csv(path) == read_csv(ref_path), run
+        assert [p.suffix for p in store.iterdir()] == [".pkl"], run
+
+
 @pytest.mark.parametrize("ext", ["csv", "parquet"])
 def test_interrupted_then_resumed_equals_uninterrupted(reference, tmp_path, ext):
     if ext == "parquet":
