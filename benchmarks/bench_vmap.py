@@ -163,7 +163,7 @@ def spot_check(one, cfg, out, chip, design, picks=(0, 1, 2)) -> float:
     return gap
 
 
-def measure(n: int = 100_000, repeats: int = 5, devices: int = 1, grad_n: int = 0,
+def measure(n: int = 100_000, repeats: int = 30, devices: int = 1, grad_n: int = 0,
             specs_as_args: bool = False) -> dict:
     """The figures of one run in this process's precision (`grad_n` 0: no gradients)."""
     batched, one, chip, design = build(devices=devices, specs_as_args=specs_as_args)
