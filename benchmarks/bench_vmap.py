@@ -137,9 +137,8 @@ def build_grads(model_name: str = MODEL, chip_name: str = CHIP):
 
 def timed(fn, *args, repeats: int = 5, warmup: int = 10):
     """(first call with compilation, median of `repeats` calls after `warmup` untimed ones,
-    last output) in s. The first calls after compilation can run slower (in one run, 7.5-8.5
-    ms for each of the first 20 calls of 100,000 configurations, 5.0-5.3 ms after): the
-    median is of the steady state a long sweep runs in."""
+    last output) in s. The untimed calls keep the first calls after compilation, which can
+    run slower, out of the median: it is of the steady state a long sweep runs in."""
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
     compile_s = time.perf_counter() - start

@@ -56,18 +56,15 @@ def _kernel(points, model, chip, runtime, precisions, columns):
     return jax.vmap(one)(points)
 
 
-def _placed(points, specs, columns, placement):
-    def kernel(points, specs):
-        return _kernel(points, *specs, columns)
+def _one_device(points, specs, columns):
+    return _kernel(points, *specs, columns)
 
-    return placement.map(kernel, points, specs)
+
+def _placed(points, specs, columns, placement):
+    return placement.map(lambda p, s: _one_device(p, s, columns), points, specs)
 
 
 _placed_jit = eqx.filter_jit(_placed)
-
-
-def _one_device(points, specs, columns):
-    return _kernel(points, *specs, columns)
 
 
 # On one device the kernel goes through the traced-program store (`compiled.filter_jit`):
