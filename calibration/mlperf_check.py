@@ -226,8 +226,12 @@ def _summary(rows, key):
         return {"n": len(rs), "median_abs_error": _median([abs(x - 1) for x in ratio]),
                 "median_ratio": _median(ratio)}
     models = sorted({r["model"] for r in rows})
+    groups = sorted({(r["model"], r["chip"], r["weights"]) for r in rows})
     return {"all": one(rows), "by_model": {m: one([r for r in rows if r["model"] == m])
-                                           for m in models}}
+                                           for m in models},
+            "by_group": {" ".join(g): one([r for r in rows if (r["model"], r["chip"],
+                                                                 r["weights"]) == g])
+                         for g in groups}}
 
 
 def main(argv=None):
@@ -349,6 +353,12 @@ def report(summary, offline, serving, skipped, elapsed) -> str:
                  f"{after['all']['median_ratio']:.2f} | "
                  f"{_pct(before['all']['median_abs_error'])} | "
                  f"{_pct(after['all']['median_abs_error'])} |")
+    lines += ["", "Offline per model, accelerator and weight type (after):", "",
+              "| model | accelerator | weights | rows | median ratio | median error |",
+              "| --- | --- | --- | ---: | ---: | ---: |"]
+    for g, v in after["by_group"].items():
+        lines.append("| " + " | ".join(g.split(" ")) + f" | {v['n']} | "
+                     f"{v['median_ratio']:.2f} | {_pct(v['median_abs_error'])} |")
     lines += ["", "**Server / Interactive capacity** (the highest Poisson rate meeting the "
               "row's p99 TTFT/TPOT limits, steady-state approximation, against the submitted "
               "result; a capacity test, unlike the at-target throughput below):", "",

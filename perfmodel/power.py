@@ -5,10 +5,29 @@
 
 (t_busy: the part of the step the chip runs kernels; host overheads are idle time.)
 
-Over the cap the chip does not exceed TDP: it lowers clocks until the dynamic energy fits,
-so a step takes at least E_dyn / (TDP - P_idle). That is one more term of the roofline,
-`t' = smooth_max(t, E_dyn / (TDP - P_idle))`, and the reported power is P_idle + E_dyn / t'.
-(Dynamic energy per operation is held constant under DVFS: a conservative simplification.)
+Over the cap the chip does not exceed TDP: it lowers its clock (and its voltage with it)
+until the step's power fits. Dynamic power is alpha C V^2 f: with the voltage fixed it
+falls in proportion to the clock (exponent 1); with the voltage proportional to the clock
+as the cube (exponent 3; Weste and Harris, "CMOS VLSI Design", 4th ed., section 5.2).
+`DVFS_EXPONENT` k sits between: at a clock scaled by 1/s a step takes s times as long
+and each operation costs 1/s^(k-1) of its energy. With R = E_dyn / (t (TDP - P_idle)),
+the uncapped step's dynamic power over the headroom,
+
+    s = smooth_max(1, R)^(1/k),   t' = s t,   E_dyn' = E_dyn / s^(k-1),
+
+and the reported power is P_idle + E_dyn' / t' (TDP when the cap binds). The whole step
+stretches (memory-bound work is held to the core clock too), and the active term
+`P_active t_busy` scales like the rest.
+
+k = 2 is what the one measurement of the same system at two power caps says: NVIDIA's
+MLPerf Inference v4.1 closed Offline results on 8 H200-SXM-141GB with TensorRT
+(`benchmarks_mlperf.csv`), the MaxQ system with its GPUs capped at 500 W against the
+700 W one (the 500 W limit: `power_limit` of the H200_SXM_141GBx8_MaxQ configs in
+NVIDIA's v4.1 submission, closed/NVIDIA/configs, as `calibration/power/mlperf_power.csv`
+records), 0.807x the tokens/s per GPU on Llama-2-70B and 0.830x on Mixtral-8x7B; the
+model puts both 700 W points at the cap and predicts 0.805x for each with k = 2, 0.865x
+with k = 3 and 0.648x with k = 1 (the rule before, energy per operation held constant).
+Those four rows are therefore not independent checks of the power cap.
 """
 
 from __future__ import annotations
@@ -19,6 +38,10 @@ import jax.numpy as jnp
 from .hardware import Chip
 from .roofline import StepCost
 from .smooth import DEFAULT_SHARPNESS, smooth_max
+
+#: How fast dynamic power falls with the clock under DVFS, P ~ f^k (module docstring: from
+#: the MaxQ and 700 W H200 results of MLPerf Inference v4.1).
+DVFS_EXPONENT = 2.0
 
 
 def average_power(idle_power, dynamic_energy, time, utilization=1.0):
@@ -55,12 +78,16 @@ def dynamic_energy(chip: Chip, cost: StepCost):
 
 def apply_power_cap(chip: Chip, time, energy, sharpness=DEFAULT_SHARPNESS,
                     hard: bool = False) -> PowerResult:
-    """Stretch a step so its average power stays at or under TDP.
+    """Slow a step down (clock and voltage) until its average power is at most TDP.
 
     Args:
         chip: gives `tdp` and `idle_power`.
         time: uncapped step time (s).
-        energy: dynamic energy of the step (J).
+        energy: dynamic energy of the step at full clock (J).
+
+    Returns:
+        The stretched time, the power, the dynamic energy at the lowered clock (J) and
+        the stretch (module docstring).
 
     Example:
         >>> from perfmodel.presets import get_chip
@@ -68,9 +95,17 @@ def apply_power_cap(chip: Chip, time, energy, sharpness=DEFAULT_SHARPNESS,
         >>> r = apply_power_cap(chip, 1e-3, 10.0, hard=True)   # 10 kW asked: throttled
         >>> round(float(r.power), 6) == round(float(chip.tdp), 6)
         True
+        >>> asked = 10.0 / 1e-3 / float(chip.tdp - chip.idle_power)   # 8x the headroom
+        >>> round(float(r.throttle), 6) == round(asked ** (1 / DVFS_EXPONENT), 6)
+        True
     """
     headroom = jnp.maximum(chip.tdp - chip.idle_power, 1e-3)
-    capped = smooth_max(time, energy / headroom, sharpness=sharpness, hard=hard)
+    asked = energy / (headroom * time)
+    # The maximum on the power scale (the previous rule's smoothing; at least 1, so the
+    # root has a finite gradient even at zero energy).
+    stretch = smooth_max(jnp.ones_like(asked), asked, sharpness=sharpness,
+                         hard=hard) ** (1.0 / DVFS_EXPONENT)
+    capped = stretch * time
+    energy = energy / stretch ** (DVFS_EXPONENT - 1.0)
     power = average_power(chip.idle_power, energy, capped)
-    return PowerResult(time=capped, power=power, dynamic_energy=energy,
-                       throttle=capped / time)
+    return PowerResult(time=capped, power=power, dynamic_energy=energy, throttle=stretch)

@@ -96,12 +96,16 @@ def test_tuned_policy_meets_the_slos_in_the_simulator():
 @pytest.mark.slow
 def test_tighter_slos_never_give_more_goodput():
     # Tuned with looser, then tighter SLOs, each verified in the simulator: the tuner is a
-    # heuristic, so this can fail (a tighter problem tuned into a better policy).
+    # heuristic, so this can fail (a tighter problem tuned into a better policy). Goodput is
+    # requests meeting both SLOs over the run's duration, and two policies that meet them on
+    # the same requests still differ in duration by a few steps: the check allows 1e-3 of
+    # the goodput, a fifth of one request of the 200.
     loads = []
     for ttft, tpot in ((2.0, 0.2), (0.3, 0.02), (0.15, 0.012)):
         _, t = _tuned(ttft, tpot, rate=12.0)
         loads.append(t.objective)
-    assert loads[0] + 1e-9 >= loads[1] >= loads[2] - 1e-9
+    slack = 1e-3 * loads[0]
+    assert loads[0] + slack >= loads[1] >= loads[2] - slack, loads
 
 
 @pytest.mark.slow

@@ -83,8 +83,9 @@ def _closed_loop(clients, isl, osl, per_client=8):
 
 def test_closed_loop_reproduces_the_steady_state_model():
     # C clients, lengths uniform in [0.8, 1] x ISL/OSL as predict assumes; measured over the
-    # middle half of the run (past the first wave, before clients run dry). Observed:
-    # throughput +1.7 %, TPOT -2.0 %, E2E -2.4 % against predict (TTFT differs: predict's
+    # middle half of the run (past the first wave, before clients run dry). Observed
+    # (calibration/serving_replay.py prints them): throughput +1.6 %, TPOT -1.8 %, E2E
+    # -2.3 % against predict (TTFT differs: predict's
     # fitted admission wait stands in for the scheduling the simulator does step by step).
     clients, isl, osl = 16, 1024, 256
     design = _design(max_batched_tokens=2048.0)
