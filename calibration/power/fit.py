@@ -1,9 +1,9 @@
 """Refit the power model: `python calibration/power/fit.py` (about 3-6 minutes on 2 cores).
 
 Writes perfmodel/data/fitted_power.json, calibration/power/report.json and report.md:
-the fit on all rows, held-out errors on a random 20% split (seed 0) and leave-one-chip-out
-(A100, H100, B200; each also solved from the all-rows fit), and the host-overhead bounds
-from the MLPerf wall-power rows.
+the fit on all rows, held-out errors on a random 20% split (seed 0), on whole models held
+out (5 folds over the models, seed 0) and leave-one-chip-out (A100, H100, B200; each also
+solved from the all-rows fit), and the host-overhead bounds from the MLPerf wall-power rows.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from perfmodel.solvers import message, succeeded  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 SEED = 0
+#: Folds of the whole-model hold-out (each model held out once).
+FOLDS = 5
 REFERENCE = {"ampere": "a100", "hopper": "h100", "blackwell": "b200"}
 
 
@@ -91,6 +93,30 @@ def main(argv=None):
     report["heldout_random"]["test"] = cp.errors(problem, cp.evaluate(split.params, problem),
                                                  test)
 
+    # Whole models held out: the models in FOLDS folds (a seeded permutation, dealt round
+    # robin), each fold's rows predicted by the fit without its models (their chips and
+    # engines still seen): what the power terms carry to a model never measured. Every
+    # usable row is predicted once; the pooled errors are over all of them.
+    model_of = {s.index: s.model.name for s in specs}
+    models = np.random.default_rng(SEED).permutation(sorted({model_of[i] for i in usable}))
+    pooled = {key: np.full(len(problem.index), np.nan) for key in ("power", "joules",
+                                                                    "tok_s")}
+    report["heldout_models"] = {"folds": FOLDS, "seed": SEED, "per_fold": []}
+    for k in range(FOLDS):
+        names = sorted(models[k::FOLDS].tolist())
+        held = [i for i in usable if model_of[i] in names]
+        fold, entry = solve([i for i in usable if model_of[i] not in names])
+        predicted = cp.evaluate(fold.params, problem)
+        entry.update(models=names, test=cp.errors(problem, predicted, held))
+        report["heldout_models"]["per_fold"].append(entry)
+        chosen = np.isin(np.asarray(problem.index), held)
+        for key in pooled:
+            pooled[key] = np.where(chosen, np.asarray(getattr(predicted, key)), pooled[key])
+    report["heldout_models"]["test"] = cp.errors(
+        problem, cp.RowPredictions(power=pooled["power"], joules=pooled["joules"],
+                                   tok_s=pooled["tok_s"], fits=np.ones(len(pooled["power"]),
+                                                                      bool)), usable)
+
     # Leave one chip out: the held-out chip takes the generic set. Also solved from the
     # all-rows fit (which has seen the held-out rows): which optimum the data without one
     # chip lead to, and what the other one would predict (calibration/power/README.md).
@@ -130,18 +156,28 @@ def markdown(r):
     full = r["heldout_random"]["test"]
     lines.append(f"| held-out random 20% | {_err(full)}; output tok/s "
                  f"{full['output_tok_s']['median_abs_pct']:.1f}% |")
+    models = r["heldout_models"]
+    lines.append(f"| whole models held out ({models['folds']} folds over "
+                 f"{sum(len(f['models']) for f in models['per_fold'])} models, seed "
+                 f"{models['seed']}; each row predicted by the fit without its model) | "
+                 f"{_err(models['test'])}; output tok/s "
+                 f"{models['test']['output_tok_s']['median_abs_pct']:.1f}% |")
     for chip, e in r["leave_one_chip_out"].items():
         lines.append(f"| leave {chip} out (generic set) | {_err(e['test'])} |")
     for chip, e in r["leave_one_chip_out"].items():
         lines.append(f"| leave {chip} out, solved from the all-rows fit (has seen {chip}) | "
                      f"{_err(e['from_all_rows_fit']['test'])} |")
     fits = {"all rows": r["fit_all"], "random 80%": r["heldout_random"],
+            **{f"models fold {k + 1}": f for k, f in enumerate(models["per_fold"])},
             **{f"without {c}": e for c, e in r["leave_one_chip_out"].items()},
             **{f"without {c} from all rows": e["from_all_rows_fit"]
                for c, e in r["leave_one_chip_out"].items()}}
     lines += ["", "Fits (optimistix Levenberg-Marquardt on `serving.predict`): "
               + "; ".join(f"{k} {v['result']} in {v['steps']} steps, loss {v['loss']:.5f}"
                           for k, v in fits.items()) + "."]
+    lines += ["", "Whole-model folds (held-out models; power / J per token on their rows):",
+              ""] + [f"- fold {k + 1}: {', '.join(f['models'])}: {_err(f['test'])}"
+                     for k, f in enumerate(models["per_fold"])]
     lines += ["", "Host overhead of MLPerf servers (wall minus GPUs; min: GPUs at their cap, "
               "max: GPUs idle):", "", "| row | system | model | scenario | wall W | host W "
               "per GPU (min-max) |", "| --- | --- | --- | --- | --- | --- |"]
