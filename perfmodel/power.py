@@ -95,12 +95,13 @@ def apply_power_cap(chip: Chip, time, energy, sharpness=DEFAULT_SHARPNESS,
         >>> r = apply_power_cap(chip, 1e-3, 10.0, hard=True)   # 10 kW asked: throttled
         >>> round(float(r.power), 6) == round(float(chip.tdp), 6)
         True
-        >>> asked = 10.0 / 1e-3 / float(chip.tdp - chip.idle_power)   # 8x the headroom
+        >>> asked = 10.0 / 1e-3 / float(chip.tdp - chip.idle_power)   # 10 kW over the headroom
         >>> round(float(r.throttle), 6) == round(asked ** (1 / DVFS_EXPONENT), 6)
         True
     """
     headroom = jnp.maximum(chip.tdp - chip.idle_power, 1e-3)
-    asked = energy / (headroom * time)
+    # A step of no time and no energy (nothing to run) asks nothing, not 0 / 0.
+    asked = energy / jnp.maximum(headroom * time, 1e-30)
     # The maximum on the power scale (the previous rule's smoothing; at least 1, so the
     # root has a finite gradient even at zero energy).
     stretch = smooth_max(jnp.ones_like(asked), asked, sharpness=sharpness,
