@@ -1,4 +1,5 @@
-"""MLPerf Inference check: `python calibration/mlperf_check.py` (about 10 minutes on 2 cores).
+"""MLPerf Inference check: `python calibration/mlperf_check.py` (about 10 minutes on 2 cores;
+`--maxq` prints only the power-cap check, `maxq_pairs`).
 
 Predicts the MLPerf v4.1/v5.1 rows of `data/benchmarks_mlperf.csv` with `perfmodel.mlperf`
 (the same code as `perfmodel predict` on an MLPerf CSV) and compares each scenario's own
@@ -234,7 +235,54 @@ def _summary(rows, key):
                          for g in groups}}
 
 
+#: NVIDIA's MLPerf v4.1 closed H200 systems at two GPU power limits: the MaxQ one at 500 W
+#: per GPU (`power_limit` of its configs, closed/NVIDIA/configs, as
+#: calibration/power/mlperf_power.csv records), the other at the 700 W TDP.
+MAXQ = (("H200-SXM-141GBx8_TRT", 700.0), ("H200-SXM-141GBx8_TRT_MaxQ", 500.0))
+
+
+def maxq_pairs(path=DATA / "benchmarks_mlperf.csv") -> list[dict]:
+    """The power cap against the one system measured at two power limits: each MAXQ
+    platform's Offline row predicted with the H200's TDP set to its limit, the ratio of
+    the two predictions against the ratio of the two results (`perfmodel/power.py` takes
+    its DVFS exponent from these pairs)."""
+    import equinox as eqx
+
+    with open(path, newline="") as handle:
+        raw = [r for r in csv.DictReader(handle) if r["scenario"] == "Offline"
+               and r["submitter"] == "NVIDIA" and r["mlperf_version"] == "v4.1"]
+    preset = mlperf.get_chip
+    out = []
+    try:
+        for model in ("llama2-70b-99", "mixtral-8x7b"):
+            entry = {"model": model}
+            for platform, limit in MAXQ:
+                (row,) = [r for r in raw if r["platform"] == platform and r["model"] == model]
+                mlperf.get_chip = lambda name, limit=limit: eqx.tree_at(
+                    lambda c: c.tdp, preset(name), np.float64(limit))
+                mlperf._configurations.cache_clear()
+                entry[f"predicted_{limit:.0f}w"] = mlperf.capacity(mlperf.interpret(row))[
+                    "result"]
+                entry[f"measured_{limit:.0f}w"] = float(row["result_per_accelerator"])
+            entry["predicted_ratio"] = entry["predicted_500w"] / entry["predicted_700w"]
+            entry["measured_ratio"] = entry["measured_500w"] / entry["measured_700w"]
+            out.append(entry)
+    finally:
+        mlperf.get_chip = preset
+        mlperf._configurations.cache_clear()
+    return out
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--maxq" in argv:
+        # The power-cap check alone (about 20 s; writes nothing).
+        for e in maxq_pairs():
+            print(f"{e['model']}: H200 at 500 W against 700 W, Offline tokens/s per GPU: "
+                  f"predicted {e['predicted_500w']:.0f} / {e['predicted_700w']:.0f} = "
+                  f"{e['predicted_ratio']:.3f}, measured {e['measured_500w']:.0f} / "
+                  f"{e['measured_700w']:.0f} = {e['measured_ratio']:.3f}")
+        return 0
     start = time.time()
     # Offline: before (previous rules) and after (perfmodel.mlperf), same rows.
     offline = offline_rows()
