@@ -157,7 +157,7 @@ def test_requests_longer_than_the_model_context_need_a_flag(monkeypatch, capsys)
         _one_line_error(capsys.readouterr().err, "maximum context", "--allow-long-context")
 
 
-def _stderr_on_a_terminal(argv, timeout=600):
+def _stderr_on_a_terminal(argv, timeout=600, env=None):
     """Run the installed command with standard error on a pseudo-terminal: (exit status,
     what the terminal received)."""
     import pty
@@ -179,20 +179,24 @@ def _stderr_on_a_terminal(argv, timeout=600):
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     done = subprocess.run([command(), *argv], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL, stderr=slave, timeout=timeout)
+                          stdout=subprocess.DEVNULL, stderr=slave, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
     os.close(slave)
     reader.join(timeout=10)
     os.close(master)
     return done.returncode, b"".join(received).decode(errors="replace")
 
 
-@pytest.mark.slow   # three runs of a sweep long enough for the bar (30 s)
+@pytest.mark.slow   # three runs of a sweep
 def test_progress_bar_on_a_terminal_only():
+    # The bar waits progress.DELAY_S before it shows; with a warm compilation cache the
+    # sweep can end sooner, so the terminal runs show it from the start.
     argv = ["pareto", "--model", "deepseek-r1", "--chip", "h100", "--chips", "16"]
-    code, terminal = _stderr_on_a_terminal(argv)
+    now = {"PERFMODEL_PROGRESS_DELAY_S": "0"}
+    code, terminal = _stderr_on_a_terminal(argv, env=now)
     assert code == 0
     assert "deepseek-r1 on 16 x h100" in terminal and "layout" in terminal and "%" in terminal
-    code, quiet = _stderr_on_a_terminal([*argv, "--quiet"])
+    code, quiet = _stderr_on_a_terminal([*argv, "--quiet"], env=now)
     assert code == 0 and quiet == ""
     code, out, err = run(*argv)   # piped: no bar
     assert code == 0 and err == ""
@@ -242,3 +246,15 @@ def test_predict_design_errors_are_one_line(tmp_path, capsys, content, words):
 def test_predict_needs_rows_or_a_design(capsys):
     assert main(["predict"]) == 2
     _one_line_error(capsys.readouterr().err, "IN.csv or --design")
+
+
+def test_progress_delay_from_the_environment(monkeypatch):
+    from perfmodel import progress
+    monkeypatch.delenv("PERFMODEL_PROGRESS_DELAY_S", raising=False)
+    assert progress._delay() == progress.DELAY_S
+    monkeypatch.setenv("PERFMODEL_PROGRESS_DELAY_S", "0")
+    assert progress._delay() == 0.0
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv("PERFMODEL_PROGRESS_DELAY_S", bad)
+        with pytest.raises(ValueError, match="PERFMODEL_PROGRESS_DELAY_S must be"):
+            progress._delay()
