@@ -243,33 +243,25 @@ MAXQ = (("H200-SXM-141GBx8_TRT", 700.0), ("H200-SXM-141GBx8_TRT_MaxQ", 500.0))
 
 def maxq_pairs(path=DATA / "benchmarks_mlperf.csv") -> list[dict]:
     """The power cap against the one system measured at two power limits: each MAXQ
-    platform's Offline row predicted with the H200's TDP set to its limit, the ratio of
-    the two predictions against the ratio of the two results (`perfmodel/power.py` takes
-    its DVFS exponent from these pairs)."""
-    import equinox as eqx
+    platform's Offline row predicted at its power limit (`RowSpec.power_limit`), the ratio
+    of the two predictions against the ratio of the two results (`perfmodel/power.py`
+    takes its DVFS exponent from these pairs)."""
+    import dataclasses
 
     with open(path, newline="") as handle:
         raw = [r for r in csv.DictReader(handle) if r["scenario"] == "Offline"
                and r["submitter"] == "NVIDIA" and r["mlperf_version"] == "v4.1"]
-    preset = mlperf.get_chip
     out = []
-    try:
-        for model in ("llama2-70b-99", "mixtral-8x7b"):
-            entry = {"model": model}
-            for platform, limit in MAXQ:
-                (row,) = [r for r in raw if r["platform"] == platform and r["model"] == model]
-                mlperf.get_chip = lambda name, limit=limit: eqx.tree_at(
-                    lambda c: c.tdp, preset(name), np.float64(limit))
-                mlperf._configurations.cache_clear()
-                entry[f"predicted_{limit:.0f}w"] = mlperf.capacity(mlperf.interpret(row))[
-                    "result"]
-                entry[f"measured_{limit:.0f}w"] = float(row["result_per_accelerator"])
-            entry["predicted_ratio"] = entry["predicted_500w"] / entry["predicted_700w"]
-            entry["measured_ratio"] = entry["measured_500w"] / entry["measured_700w"]
-            out.append(entry)
-    finally:
-        mlperf.get_chip = preset
-        mlperf._configurations.cache_clear()
+    for model in ("llama2-70b-99", "mixtral-8x7b"):
+        entry = {"model": model}
+        for platform, limit in MAXQ:
+            (row,) = [r for r in raw if r["platform"] == platform and r["model"] == model]
+            spec = dataclasses.replace(mlperf.interpret(row), power_limit=limit)
+            entry[f"predicted_{limit:.0f}w"] = mlperf.capacity(spec)["result"]
+            entry[f"measured_{limit:.0f}w"] = float(row["result_per_accelerator"])
+        entry["predicted_ratio"] = entry["predicted_500w"] / entry["predicted_700w"]
+        entry["measured_ratio"] = entry["measured_500w"] / entry["measured_700w"]
+        out.append(entry)
     return out
 
 

@@ -125,6 +125,7 @@ def closed_loop(clients: int = 16, isl: int = 1024, osl: int = 256) -> dict:
     tokens = float(np.mean(requests.input_len + requests.output_len))
     throughput = clients * tokens / (e2e + think)   # one request per E2E + think per client
     return {"clients": clients, "isl": isl, "osl": osl,
+            "finished": bool(result.finished.all()),
             "throughput": throughput / float(metrics.throughput_per_chip) - 1.0,
             "tpot": float(result.tpot[inside].mean()) / float(metrics.tpot) - 1.0,
             "e2e": e2e / float(metrics.e2e) - 1.0}

@@ -123,6 +123,8 @@ class RowSpec:
         ttft_limit, tpot_limit: the scenario's p99 limits (s); inf for Offline.
         speculative: whether the round's rules allow speculative decoding.
         notes: assumptions this row added (for `pred_basis`).
+        power_limit: the accelerators' power limit (W) where the submitter set one below
+            the preset's TDP (a MaxQ system); None runs the preset's TDP.
     """
 
     benchmark: str
@@ -139,11 +141,12 @@ class RowSpec:
     tpot_limit: float
     speculative: bool
     notes: tuple[str, ...] = ()
+    power_limit: float | None = None
 
     def structure(self) -> tuple:
         """Rows with equal structure share one evaluation of every configuration."""
         return (self.model, self.chip, self.weights, self.framework, self.domain,
-                self.input_len, self.output_len, self.speculative)
+                self.input_len, self.output_len, self.speculative, self.power_limit)
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -271,12 +274,15 @@ def configurations(spec: RowSpec) -> Configurations:
 
 @functools.lru_cache(maxsize=64)
 def _configurations(structure: tuple) -> Configurations:
-    name, chip_name, weights, framework, domain, input_len, output_len, speculative = structure
+    (name, chip_name, weights, framework, domain, input_len, output_len, speculative,
+     power_limit) = structure
     spec = RowSpec(benchmark="", model=name, chip=chip_name, scenario="Offline",
                    weights=weights, framework=framework, accelerators=domain, domain=domain,
                    input_len=input_len, output_len=output_len, ttft_limit=math.inf,
                    tpot_limit=math.inf, speculative=speculative)
     model, chip = get_model(spec.model), get_chip(spec.chip)
+    if power_limit is not None:
+        chip = eqx.tree_at(lambda c: c.tdp, chip, jnp.asarray(float(power_limit)))
     kv = "fp8" if "fp8" in chip.native_classes else None
     prec = precision(chip, model, spec.weights, kv=kv)
     runtime = fitted.runtime_for(spec.framework)
