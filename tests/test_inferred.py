@@ -25,7 +25,10 @@ from perfmodel.studies.targets import PointTarget, Target, band_miss, point_valu
 from perfmodel.sweep import default_runtime
 from perfmodel.workload import Workload
 
-CHIP = get_chip("jalapeno")
+# At the priors, not the shipped fit: the synthetic checks test the inference, and a refit
+# that moves the chip's fractions (a bandwidth fraction near 1, where a logit shift of 0.5
+# changes it by 4 %) would change what the three concurrencies can identify.
+CHIP = get_chip("jalapeno", calibrated=False)
 RUNTIME = default_runtime(CHIP)
 # Short requests keep the compile small; three concurrencies spread the step between fixed
 # costs (one request) and HBM streaming (hundreds), so overheads and bandwidth separate.
@@ -72,7 +75,8 @@ def test_params_round_trip_jitted_and_eager():
     np.testing.assert_allclose(jitted, eager, rtol=1e-12)
     values = p.values()
     assert values["step_overhead"] == pytest.approx(1e-3 * np.exp(0.5))
-    assert 0.88 < values["bandwidth_max"] < 1.0    # a logit: fractions stay below 1
+    b0 = float(CHIP.efficiency.bandwidth_max)     # a logit shift of 0.5, below 1
+    assert values["bandwidth_max"] == pytest.approx(1.0 / (1.0 + (1.0 - b0) / b0 * np.exp(-0.5)))
     chip, _ = apply(eqx.tree_at(lambda q: q.bandwidth_max, p, jnp.asarray(50.0)), CHIP,
                     RUNTIME)
     assert float(chip.efficiency.bandwidth_max) <= 1.0

@@ -100,9 +100,11 @@ def test_level_and_fallback_variance():
     pooled = eqx_pooling(intervals, 0.5)
     cov, extra = pooled.row_covariance(p, "rubin", "nonesuch")
     widths = np.array([f[3] for f in FAMILY_FIELDS])
-    np.testing.assert_allclose(extra[:9], (0.5 * widths) ** 2)
-    np.testing.assert_allclose(np.diag(cov)[:9], np.diag(fitted_cov)[:9] + (0.5 * widths) ** 2)
-    np.testing.assert_allclose(np.diag(cov)[9:], np.diag(fitted_cov)[9:])
+    nf = len(FAMILY_FIELDS)
+    np.testing.assert_allclose(extra[:nf], (0.5 * widths) ** 2)
+    np.testing.assert_allclose(np.diag(cov)[:nf],
+                               np.diag(fitted_cov)[:nf] + (0.5 * widths) ** 2)
+    np.testing.assert_allclose(np.diag(cov)[nf:], np.diag(fitted_cov)[nf:])
 
 
 def eqx_pooling(intervals, pooling):
@@ -189,13 +191,14 @@ def test_predicted_rows_have_ordered_finite_bounds_and_the_jacobian_is_the_deriv
             lo, pred, hi = entry[key + "_lo"], entry[key], entry[key + "_hi"]
             assert all(math.isfinite(v) for v in (lo, pred, hi)), key
             assert lo <= pred <= hi and hi / lo > 1.1, key
-    direction = np.random.default_rng(3).normal(size=12)
+    nf = len(FAMILY_FIELDS)
+    direction = np.random.default_rng(3).normal(size=p.flat.size)
     eps = 1e-4
     lin = linearize(rows, p, power={})
 
     def shifted(sign):
-        q = Params(family_raw=p.family_raw + sign * eps * direction[None, :9],
-                   framework_raw=p.framework_raw + sign * eps * direction[None, 9:],
+        q = Params(family_raw=p.family_raw + sign * eps * direction[None, :nf],
+                   framework_raw=p.framework_raw + sign * eps * direction[None, nf:],
                    families=p.families, frameworks=p.frameworks)
         return predict_rows(rows, q, power={})
 
