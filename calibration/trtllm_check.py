@@ -9,8 +9,10 @@ measurement on the same software as the MLPerf TensorRT rows, for models and for
 fit never saw (Llama-3.1-8B, Llama-3.3-70B, Llama-3.1-405B, Llama 4, Qwen3, in FP8 and
 FP4). Each row is predicted as MLPerf Offline is (`perfmodel.mlperf`): the table's own
 layout (tp, pp, ep; DP attention off), TensorRT-LLM's fitted runtime, the best output
-throughput over batches that fit in memory. Nothing here is fitted and no measured column
-is read before the comparison.
+throughput over batches that fit in memory and within the batch cap and tokens per step
+that trtllm-bench builds its engine with (`engine_limits`; `--no-engine-limits` prints
+the figures without them and writes nothing unless given `--json`). Nothing here is fitted
+and no measured column is read before the comparison.
 
 The v0.17 table is left out: its note says it is UNCERTAIN whether it counts output or
 input plus output tokens.
@@ -30,6 +32,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -72,15 +75,62 @@ def load_rows(path=DATA / "benchmarks_trtllm.csv") -> list[dict]:
     return out
 
 
-def predict_row(row: dict) -> dict:
-    """Best output tokens/s per GPU of the row's layout over batches that fit, with the
+#: trtllm-bench's bytes per weight and per KV value by quantization (its
+#: `bench/build/tuning.py`, `BYTES_PER_ELEM`); the FP8 and FP4 checkpoints of the table
+#: (ModelOpt's) keep an FP8 KV cache.
+BENCH_BYTES = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
+
+
+def engine_limits(row: dict) -> tuple[int, int]:
+    """(max batch size, max tokens per step) that `trtllm-bench throughput` builds for the
+    row: its `calc_engine_setting` / `finetune_setting` (NVIDIA/TensorRT-LLM
+    tensorrt_llm/bench/build/tuning.py), re-derived here: the requests whose KV at the full
+    ISL + OSL fit in 95 % of the memory the weights leave (GiB, at least one KV head per
+    TP rank), capped at 4,096 per pipeline stage and rounded up (to 64 at least); tokens
+    per step the batch times 1 + ISL/OSL, capped at 32,768 and rounded up (2,048 at
+    least)."""
+    model, chip = get_model(row["model"]), get_chip(row["chip"], calibrated=False)
+    gib = 1024.0 ** 3
+    kv_bytes = 2.0 if row["precision"] in ("fp16", "bf16") else 1.0
+    per_token = (2 * model.num_layers * max(row["tp"], model.num_kv_heads) * model.head_dim
+                 * kv_bytes / gib)
+    gpus = row["tp"] * row["pp"]
+    available = float(chip.hbm_capacity) / gib * gpus \
+        - model.total_params * BENCH_BYTES[row["precision"]] / gib
+    requests = 0.95 * available / (per_token * (row["isl"] + row["osl"]))
+    raw_bs = min(requests, 4096.0) / row["pp"]
+    raw_tokens = min(raw_bs * (1.0 + row["isl"] / row["osl"]), 32768.0)
+    if raw_bs < 256:
+        max_bs = max(64, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        max_bs = 128 * math.ceil(raw_bs / 128)
+    else:
+        max_bs = 256 * math.ceil(raw_bs / 256)
+    if raw_tokens < 4096:
+        max_tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
+    elif raw_tokens < 8192:
+        max_tokens = 512 * math.ceil(raw_tokens / 512)
+    else:
+        max_tokens = 1024 * math.ceil(raw_tokens / 1024)
+    return max_bs, max_tokens
+
+
+def predict_row(row: dict, engine: bool = True) -> dict:
+    """Best output tokens/s per GPU of the row's layout over batches that fit (and, with
+    `engine`, within `engine_limits`: the batch cap and the tokens per step), with the
     batch that reaches it; `error` when it does not fit."""
     model, chip = get_model(row["model"]), get_chip(row["chip"])
     kv = "fp8" if "fp8" in chip.native_classes else None
     prec = precision(chip, model, row["precision"], kv=kv)
     runtime = fitted.runtime_for("trt")
+    cap = math.inf
+    if engine:
+        cap, tokens = engine_limits(row)
+        runtime = eqx.tree_at(lambda r: r.max_batched_tokens, runtime,
+                              jnp.asarray(float(tokens)))
     layout = Layout(tp=row["tp"], pp=row["pp"], ep=row["ep"])
-    fit = batch_that_fits(model, chip, prec, runtime, layout, row["isl"] + row["osl"] / 2.0)
+    fit = min(batch_that_fits(model, chip, prec, runtime, layout,
+                              row["isl"] + row["osl"] / 2.0), cap)
     if fit < 1.0:
         return {"predicted": math.nan, "batch": math.nan,
                 "error": "weights and one sequence do not fit"}
@@ -146,24 +196,34 @@ def gemm_fractions(path=DATA / "benchmarks_aic_gemm.csv", chips=("b200", "h200")
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=pathlib.Path, default=HERE / "trtllm_check.json",
-                        help="where to write every row with its prediction")
+    parser.add_argument("--json", type=pathlib.Path, default=None,
+                        help="where to write every row with its prediction (default "
+                             "calibration/trtllm_check.json, with the engine limits)")
+    parser.add_argument("--no-engine-limits", action="store_true",
+                        help="batches up to what fits in memory, no trtllm-bench batch cap "
+                             "and the runtime's own tokens per step")
     parser.add_argument("--no-readme", action="store_true",
                         help="print the table without rewriting calibration/README.md")
     args = parser.parse_args(argv)
     start = time.time()
-    rows = [dict(r, **predict_row(r)) for r in load_rows()]
+    engine = not args.no_engine_limits
+    rows = [dict(r, **predict_row(r, engine)) for r in load_rows()]
     summary = summarize(rows)
+    limits = ("within trtllm-bench's engine limits (`engine_limits`)" if engine
+              else "batches up to what fits, no engine limits")
     text = (f"TensorRT-LLM perf-overview (~v1.0) Offline rows, shipped fit, never fitted "
-            f"(`python calibration/trtllm_check.py`, {time.time() - start:.0f} s): output "
-            f"tokens/s per GPU, predicted over measured, {len(rows)} rows "
+            f"(`python calibration/trtllm_check.py`, {time.time() - start:.0f} s), "
+            f"{limits}: output tokens/s per GPU, predicted over measured, {len(rows)} rows "
             f"({summary['not_predicted']} not predicted).\n\n{table(summary)}\n\n"
             f"Measured fraction of peak of large GEMMs (m >= 2048, n = k = 4096 or 16,384; "
             f"`benchmarks_aic_gemm.csv`, the latency fit's op-level data): "
             f"{gemm_fractions()}.")
     print(text)
-    args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-    if not args.no_readme:
+    out = args.json or (HERE / "trtllm_check.json" if engine else None)
+    if out is not None:
+        out.write_text(json.dumps({"summary": summary, "rows": rows, "engine_limits": engine},
+                                  indent=1))
+    if not args.no_readme and engine:
         sys.path.insert(0, str(HERE))
         from validate import replace_section
         replace_section(HERE / "README.md", text, tag="TRTLLM")

@@ -40,3 +40,16 @@ def test_a_row_is_predicted_at_its_own_layout_and_fits():
     assert out["error"] == "" and math.isfinite(out["predicted"]) and out["batch"] >= 1
     # Per GPU, within a factor of two of the measured table (0.95x when written).
     assert 0.5 < out["predicted"] / row["measured"] < 2.0
+
+
+def test_engine_limits_follow_trtllm_bench_rules():
+    rows = trtllm_check.load_rows()
+    short = next(r for r in rows if r["model"] == "qwen3-30b-a3b" and r["chip"] == "b200"
+                 and r["isl"] == 128 and r["osl"] == 128)
+    # Memory for far more than 4,096 requests: the cap, and 4,096 x (1 + 128/128) tokens.
+    assert trtllm_check.engine_limits(short) == (4096, 8192)
+    long = next(r for r in rows if r["model"] == "llama-3.1-405b" and r["chip"] == "h200"
+                and r["isl"] == 20000)
+    bs, tokens = trtllm_check.engine_limits(long)
+    # Few requests of 22k tokens fit: the floor of 64 and rounding up to a multiple of 32.
+    assert bs >= 64 and bs % 32 == 0 and tokens >= 2048 and tokens % 256 == 0
