@@ -1,6 +1,6 @@
 """TensorRT-LLM Offline throughput check: `python calibration/trtllm_check.py` (about
-2 minutes on 2 cores). Writes `trtllm_check.json` (every row with its prediction) and the
-TRTLLM block of `calibration/README.md`.
+2 minutes on 2 cores). Writes `trtllm_check.json` (every row with its prediction), the
+TRTLLM block of `calibration/README.md` and its parity plot `docs/trtllm_offline.png`.
 
 NVIDIA's published `trtllm-bench` throughput tables (`data/benchmarks_trtllm.csv`, table
 "throughput", the ~v1.0 perf-overview: total output tokens/s of the whole TP group at an
@@ -194,6 +194,34 @@ def gemm_fractions(path=DATA / "benchmarks_aic_gemm.csv", chips=("b200", "h200")
                      for (chip, dtype), (lo, hi) in sorted(spans.items()))
 
 
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+    """Parity plot of output tokens/s per GPU, coloured by model, marker by format."""
+    from matplotlib.figure import Figure
+
+    from perfmodel.plots import save
+
+    figure = Figure(figsize=(6.5, 6), layout="constrained")
+    ax = figure.subplots()
+    ok = [r for r in rows if np.isfinite(r["predicted"])]
+    markers = {"fp8": "o", "fp4": "^", "fp16": "s", "bf16": "s"}
+    for i, model in enumerate(sorted({r["model"] for r in ok})):
+        for fmt, marker in markers.items():
+            rs = [r for r in ok if r["model"] == model and r["precision"] == fmt]
+            if rs:
+                ax.scatter([r["measured"] for r in rs], [r["predicted"] for r in rs], s=16,
+                           marker=marker, color=f"C{i}", alpha=0.8, label=f"{model} {fmt}")
+    values = [v for r in ok for v in (r["measured"], r["predicted"])]
+    low, high = 0.5 * min(values), 2.0 * max(values)
+    ax.plot([low, high], [low, high], "k-", lw=0.8)
+    for k in (0.8, 1.25):
+        ax.plot([low, high], [k * low, k * high], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high),
+           xlabel="measured output tokens/s per GPU (trtllm-bench, ~v1.0 tables)",
+           ylabel="predicted", title="TensorRT-LLM Offline tables (never fitted)")
+    ax.legend(fontsize=6, loc="upper left", ncol=2)
+    save(figure, str(path))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=pathlib.Path, default=None,
@@ -217,13 +245,14 @@ def main(argv=None) -> int:
             f"({summary['not_predicted']} not predicted).\n\n{table(summary)}\n\n"
             f"Measured fraction of peak of large GEMMs (m >= 2048, n = k = 4096 or 16,384; "
             f"`benchmarks_aic_gemm.csv`, the latency fit's op-level data): "
-            f"{gemm_fractions()}.")
+            f"{gemm_fractions()}.\n\n![TensorRT-LLM Offline parity](../docs/trtllm_offline.png)")
     print(text)
     out = args.json or (HERE / "trtllm_check.json" if engine else None)
     if out is not None:
         out.write_text(json.dumps({"summary": summary, "rows": rows, "engine_limits": engine},
                                   indent=1))
     if not args.no_readme and engine:
+        plot(rows, HERE.parent / "docs" / "trtllm_offline.png")
         sys.path.insert(0, str(HERE))
         from validate import replace_section
         replace_section(HERE / "README.md", text, tag="TRTLLM")
