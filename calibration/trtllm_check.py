@@ -100,19 +100,15 @@ def engine_limits(row: dict) -> tuple[int, int]:
     requests = 0.95 * available / (per_token * (row["isl"] + row["osl"]))
     raw_bs = min(requests, 4096.0) / row["pp"]
     raw_tokens = min(raw_bs * (1.0 + row["isl"] / row["osl"]), 32768.0)
-    if raw_bs < 256:
-        max_bs = max(64, 32 * math.ceil(raw_bs / 32))
-    elif raw_bs < 1024:
-        max_bs = 128 * math.ceil(raw_bs / 128)
-    else:
-        max_bs = 256 * math.ceil(raw_bs / 256)
-    if raw_tokens < 4096:
-        max_tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
-    elif raw_tokens < 8192:
-        max_tokens = 512 * math.ceil(raw_tokens / 512)
-    else:
-        max_tokens = 1024 * math.ceil(raw_tokens / 1024)
-    return max_bs, max_tokens
+    return (_round_up(raw_bs, ((256, 32), (1024, 128), (math.inf, 256)), 64),
+            _round_up(raw_tokens, ((4096, 256), (8192, 512), (math.inf, 1024)), 2048))
+
+
+def _round_up(x: float, rungs, least: int) -> int:
+    """`x` rounded up to the step of the first rung (below, step) with x < below, and at
+    least `least`: trtllm-bench's `finetune_setting` ladders."""
+    step = next(step for below, step in rungs if x < below)
+    return max(least, step * math.ceil(x / step))
 
 
 def predict_row(row: dict, engine: bool = True) -> dict:
@@ -141,7 +137,7 @@ def predict_row(row: dict, engine: bool = True) -> dict:
                         output_range_ratio=1.0, first_wave_fraction=1e-6)
     design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime,
                     mapping=SliceMapping())
-    m = mlperf._evaluate(model, chip, workload, design, jnp.asarray(grid))
+    m = mlperf.over_concurrency(model, chip, workload, design, jnp.asarray(grid))
     out = np.where(np.asarray(m.fits), np.asarray(m.output_throughput_per_chip), np.nan)
     k = int(np.nanargmax(out))
     return {"predicted": float(out[k]), "batch": float(grid[k]), "error": ""}

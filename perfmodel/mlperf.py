@@ -249,7 +249,10 @@ def _workload(spec: RowSpec) -> Workload:
                     output_range_ratio=1.0, first_wave_fraction=1e-6)
 
 
-def _evaluate(model, chip, workload, design, concurrency):
+def over_concurrency(model, chip, workload, design, concurrency):
+    """`serving.predict` (hard roofline, no input checks, unfit points as values) of
+    `design` at each per-instance concurrency of the 1-D array `concurrency`, vmapped: the
+    `Metrics` with a leading concurrency axis."""
     def one(c):
         d = eqx.tree_at(lambda x: x.concurrency, design, c)
         return predict(model, chip, workload, d, hard=True, check=False, unfit="value")
@@ -300,7 +303,7 @@ def _configurations(structure: tuple) -> Configurations:
         for sd in specs:
             design = Design(concurrency=1.0, layout=single, precision=prec, runtime=runtime,
                             mapping=SliceMapping(), speculative=sd)
-            m = _evaluate(model, chip, workload, design, jnp.asarray(grid))
+            m = over_concurrency(model, chip, workload, design, jnp.asarray(grid))
             fits = np.asarray(m.fits) & (grid <= fit * (1.0 + 1e-9))
             out = np.asarray(m.output_throughput_per_chip)
             values = {"output_tput_per_chip": out,
