@@ -41,7 +41,6 @@ from perfmodel.design import Design, Layout, SliceMapping, precision  # noqa: E4
 from perfmodel.formats import COMPUTE_CLASSES  # noqa: E402
 from perfmodel.presets import get_chip, get_model  # noqa: E402
 from perfmodel.sweep import batch_that_fits  # noqa: E402
-from perfmodel.workload import Workload  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 DATA = HERE / "data"
@@ -130,11 +129,8 @@ def predict_row(row: dict, engine: bool = True) -> dict:
     if fit < 1.0:
         return {"predicted": math.nan, "batch": math.nan,
                 "error": "weights and one sequence do not fit"}
-    grid = np.minimum(np.asarray(mlperf.GRID), math.floor(fit))
-    grid[-1] = math.floor(fit)
-    # Fixed lengths (the table's synthetic data set has none other), no opening burst.
-    workload = Workload(row["isl"], row["osl"], input_range_ratio=1.0,
-                        output_range_ratio=1.0, first_wave_fraction=1e-6)
+    grid = mlperf.batch_grid(fit)
+    workload = mlperf.fixed_lengths(row["isl"], row["osl"])
     design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime,
                     mapping=SliceMapping())
     m = mlperf.over_concurrency(model, chip, workload, design, jnp.asarray(grid))
@@ -176,13 +172,14 @@ def gemm_fractions(path=DATA / "benchmarks_aic_gemm.csv", chips=("b200", "h200")
     """Measured fraction of peak FLOP/s of large GEMMs per format (m >= 2048, n = k in
     {4096, 16384}; aiconfigurator's timings, the op-level data of the latency fit): the
     range per chip and dtype, against the preset's peak of the dtype's compute class."""
+    peaks = {c: np.asarray(get_chip(c, calibrated=False).peak_flops) for c in chips}
     spans = {}
     for g in datasets.load_gemm(path):
         if g["chip"] not in chips or g["m"] < 2048 or g["n"] != g["k"] \
                 or g["n"] not in (4096.0, 16384.0):
             continue
-        peak = float(get_chip(g["chip"], calibrated=False).peak_flops[
-            COMPUTE_CLASSES.index(datasets.GEMM_DTYPES[g["dtype"]][2])])
+        peak = float(peaks[g["chip"]][COMPUTE_CLASSES.index(
+            datasets.GEMM_DTYPES[g["dtype"]][2])])
         frac = 2.0 * g["m"] * g["n"] * g["k"] / g["seconds"] / peak
         lo, hi = spans.get((g["chip"], g["dtype"]), (math.inf, 0.0))
         spans[(g["chip"], g["dtype"])] = (min(lo, frac), max(hi, frac))

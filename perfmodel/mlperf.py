@@ -243,10 +243,20 @@ class Configurations:
     values: dict
 
 
-def _workload(spec: RowSpec) -> Workload:
-    # Fixed lengths at the data set's means; Poisson/Offline loads have no opening burst.
-    return Workload(spec.input_len, spec.output_len, input_range_ratio=1.0,
-                    output_range_ratio=1.0, first_wave_fraction=1e-6)
+def fixed_lengths(input_len: float, output_len: float) -> Workload:
+    """Every request `input_len` / `output_len` tokens (a data set's means, or a synthetic
+    data set's only lengths); Poisson and Offline loads have no opening burst."""
+    return Workload(input_len, output_len, input_range_ratio=1.0, output_range_ratio=1.0,
+                    first_wave_fraction=1e-6)
+
+
+def batch_grid(fit: float) -> np.ndarray:
+    """Per-instance concurrencies to evaluate: `GRID` up to the batch that fits, which is
+    always the last point (at least 1)."""
+    top = max(math.floor(fit), 1.0)
+    grid = np.minimum(np.asarray(GRID), top)
+    grid[-1] = top
+    return grid
 
 
 def over_concurrency(model, chip, workload, design, concurrency):
@@ -289,7 +299,7 @@ def _configurations(structure: tuple) -> Configurations:
     kv = "fp8" if "fp8" in chip.native_classes else None
     prec = precision(chip, model, spec.weights, kv=kv)
     runtime = fitted.runtime_for(spec.framework)
-    workload = _workload(spec)
+    workload = fixed_lengths(spec.input_len, spec.output_len)
     specs = [SpecDecode()] + ([SpecDecode(draft_tokens=k, acceptance=MTP_ACCEPTANCE)
                                for k in DRAFT_TOKENS] if spec.speculative else [])
     layouts = candidate_layouts(model, chip, spec.domain, workload, prec, runtime)
@@ -298,8 +308,7 @@ def _configurations(structure: tuple) -> Configurations:
         single = dataclasses.replace(layout, replicas=1)
         fit = batch_that_fits(model, chip, prec, runtime, layout,
                                spec.input_len + spec.output_len / 2.0)
-        grid = np.minimum(np.asarray(GRID), max(math.floor(fit), 1.0))
-        grid[-1] = max(math.floor(fit), 1.0)
+        grid = batch_grid(fit)
         for sd in specs:
             design = Design(concurrency=1.0, layout=single, precision=prec, runtime=runtime,
                             mapping=SliceMapping(), speculative=sd)
