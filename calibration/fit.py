@@ -62,19 +62,34 @@ def load_all():
     return rows, gemm, nccl
 
 
+def load_trtllm():
+    """TensorRT-LLM's Offline throughput rows as fit rows (`trtllm_check.bench_rows`):
+    dense and MoE models in FP8 and FP4 at the engine's full batch (`--trtllm`; not in
+    the shipped fit, see calibration/README.md)."""
+    import trtllm_check
+
+    return trtllm_check.bench_rows(trtllm_check.load_rows())
+
+
 def split(rows, seed=SEED, fraction=HELDOUT_FRACTION):
     """(fitted rows, held-out rows): a random `fraction` held out, fixed seed."""
     rng = np.random.default_rng(seed)
     held = set(rng.choice(len(rows), size=int(round(fraction * len(rows))), replace=False)
                .tolist())
-    return [r for r in rows if r.index not in held], [r for r in rows if r.index in held]
+    return ([r for k, r in enumerate(rows) if k not in held],
+            [r for k, r in enumerate(rows) if k in held])
 
 
-def write_heldout(held):
-    (HERE / "heldout.json").write_text(json.dumps(
-        {"seed": SEED, "fraction": HELDOUT_FRACTION,
-         "file": "calibration/data/benchmarks_inferencemax.csv",
-         "lines": sorted(r.line for r in held)}, indent=1) + "\n")
+def write_heldout(held, held_trtllm=()):
+    """`calibration/heldout.json`: the held-out InferenceMAX lines and, when the fit takes
+    TensorRT-LLM's Offline rows, theirs."""
+    data = {"seed": SEED, "fraction": HELDOUT_FRACTION,
+            "file": "calibration/data/benchmarks_inferencemax.csv",
+            "lines": sorted(r.line for r in held)}
+    if held_trtllm:
+        data.update(trtllm_file="calibration/data/benchmarks_trtllm.csv",
+                    trtllm_lines=sorted(r.line for r in held_trtllm))
+    (HERE / "heldout.json").write_text(json.dumps(data, indent=1) + "\n")
 
 
 def result_text(result) -> str:
@@ -155,6 +170,9 @@ def main(argv=None):
     parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
     parser.add_argument("--out", default=str(OUTPUT))
     parser.add_argument("--pooling", type=float, default=POOLING)
+    parser.add_argument("--trtllm", action="store_true",
+                        help="also fit 80 %% of TensorRT-LLM's Offline throughput rows "
+                             "(`trtllm_check.bench_rows`; the rest held out)")
     parser.add_argument("--no-intervals", action="store_true",
                         help="do not write fitted_intervals.json")
     parser.add_argument("--devices", type=devices_arg, default=None,
@@ -163,9 +181,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     rows, gemm, nccl = load_all()
     fitted, held = split(rows)
-    write_heldout(held)
+    trt = load_trtllm() if args.trtllm else []
+    fitted_trt, held_trt = split(trt)
+    write_heldout(held, held_trt)
+    fitted = fitted + fitted_trt
     start = time.time()
-    problem = cal.Calibration(rows, gemm, nccl, devices=args.devices)
+    problem = cal.Calibration(rows + trt, gemm, nccl, devices=args.devices)
     data = shipped_fit(problem, fitted, held, gemm, nccl, args.out, args.max_steps,
                        args.pooling)
     place = problem.end_to_end.placement

@@ -14,6 +14,10 @@ that trtllm-bench builds its engine with (`engine_limits`; `--no-engine-limits` 
 the figures without them and writes nothing unless given `--json`). Nothing here is fitted
 and no measured column is read before the comparison.
 
+`bench_rows` gives the same rows as fit rows (`datasets.BenchRow`), which
+`python calibration/validate.py --trtllm` adds to every fit as an experiment (not the
+shipped fit; calibration/README.md).
+
 The v0.17 table is left out: its note says it is UNCERTAIN whether it counts output or
 input plus output tokens.
 """
@@ -59,13 +63,13 @@ def load_rows(path=DATA / "benchmarks_trtllm.csv") -> list[dict]:
     measured output tokens/s per GPU."""
     out = []
     with open(path, newline="") as handle:
-        for raw in csv.DictReader(handle):
+        for line, raw in enumerate(csv.DictReader(handle), start=2):
             if raw["table"] != "throughput" or raw["metric"] != "output_tok_s_total":
                 continue
             if raw["model"] not in MODELS or raw["hardware"] not in CHIPS:
                 continue
             gpus = int(raw["num_gpus"])
-            out.append(dict(model=MODELS[raw["model"]], chip=CHIPS[raw["hardware"]],
+            out.append(dict(line=line, model=MODELS[raw["model"]], chip=CHIPS[raw["hardware"]],
                             tp=int(raw["tp"]), pp=int(raw["pp"] or 1),
                             ep=int(raw["ep"] or 1), gpus=gpus,
                             precision=raw["precision"].lower(), isl=float(raw["isl"]),
@@ -110,6 +114,47 @@ def _round_up(x: float, rungs, least: int) -> int:
     return max(least, step * math.ceil(x / step))
 
 
+#: `BenchRow.index` of the first table row as a fit row (after every InferenceMAX index).
+INDEX_BASE = 1_000_000
+
+
+def bench_rows(rows: list[dict]) -> list[datasets.BenchRow]:
+    """The rows as fit rows (`datasets.BenchRow`, framework "trtllm-bench", which falls
+    back to "trt" where it has no terms of its own: no HTTP server in the loop): total
+    tokens/s per GPU measured (output tokens/s x (ISL + OSL) / OSL, the InferenceMAX
+    metric), fixed lengths (range ratio 1, no opening burst), the engine's token budget,
+    an FP8 KV cache where the chip has FP8, and the engine's batch as the concurrency: the
+    largest that `trtllm-bench` admits (`engine_limits`) and that fits beside the weights
+    (the chip's specs: memory decides it, not the fit). Pipeline-parallel rows and rows
+    whose batch does not fit are left out (the fit's layouts carry no pipeline)."""
+    out = []
+    for k, row in enumerate(rows):
+        if row["pp"] != 1:
+            continue
+        # Memory alone decides the batch: the chip's specs, not the shipped fit.
+        model, chip = get_model(row["model"]), get_chip(row["chip"], calibrated=False)
+        kv = "fp8" if "fp8" in chip.native_classes else None
+        prec = precision(chip, model, row["precision"], kv=kv)
+        cap, tokens = engine_limits(row)
+        runtime = eqx.tree_at(lambda r: r.max_batched_tokens,
+                              fitted.runtime_for("trtllm-bench"),
+                              jnp.asarray(float(tokens)))
+        layout = Layout(tp=row["tp"], ep=row["ep"])
+        batch = math.floor(min(batch_that_fits(model, chip, prec, runtime, layout,
+                                               row["isl"] + row["osl"] / 2.0), cap))
+        if batch < 1:
+            continue
+        total = row["measured"] * (row["isl"] + row["osl"]) / row["osl"]
+        out.append(datasets.BenchRow(
+            index=INDEX_BASE + k, line=row["line"], model=row["model"], hardware=row["chip"],
+            framework="trtllm-bench", precision=row["precision"], isl=row["isl"], osl=row["osl"],
+            conc=float(batch), mtp=False,
+            layout=datasets.PoolLayout(tp=row["tp"], ep=row["ep"], dp_attention=False),
+            prefill=None, decode=None, measured={"tput_per_gpu": total}, range_ratio=1.0,
+            first_wave=1e-6, max_batched_tokens=float(tokens), kv=kv))
+    return out
+
+
 def predict_row(row: dict, engine: bool = True) -> dict:
     """Best output tokens/s per GPU of the row's layout over batches that fit (and, with
     `engine`, within `engine_limits`: the batch cap and the tokens per step), with the
@@ -117,7 +162,7 @@ def predict_row(row: dict, engine: bool = True) -> dict:
     model, chip = get_model(row["model"]), get_chip(row["chip"])
     kv = "fp8" if "fp8" in chip.native_classes else None
     prec = precision(chip, model, row["precision"], kv=kv)
-    runtime = fitted.runtime_for("trt")
+    runtime = fitted.runtime_for("trtllm-bench")
     cap = math.inf
     if engine:
         cap, tokens = engine_limits(row)

@@ -174,6 +174,18 @@ class BenchRow:
     prefill: PoolLayout | None
     decode: PoolLayout | None
     measured: dict
+    range_ratio: float = 0.8
+    """Shortest request over the longest of the row's input and output lengths
+    (InferenceMAX's random range ratio 0.8; 1 for fixed lengths)."""
+    first_wave: float = 0.1
+    """`workload.Workload.first_wave_fraction` of the row's load (an opening burst of a
+    benchmark client; ~0 for an Offline run that keeps its engine full)."""
+    max_batched_tokens: float = 8192.0
+    """The engine's token budget per step (`design.Runtime.max_batched_tokens`; tokens);
+    the InferenceMAX rows do not record it, and take the default."""
+    kv: str | None = None
+    """KV-cache format where known (`design.precision`'s `kv`); None: BF16, the engines'
+    "auto", which the InferenceMAX rows do not record."""
 
     @property
     def disaggregated(self) -> bool:
@@ -182,8 +194,8 @@ class BenchRow:
     @property
     def structure(self) -> tuple:
         """What must be equal for two rows to share one batched evaluation."""
-        return (self.model, self.hardware, self.precision, self.layout, self.prefill,
-                self.decode)
+        return (self.model, self.hardware, self.precision, self.kv, self.layout,
+                self.prefill, self.decode)
 
 
 def _as_int(value: float | None, where: str) -> int:

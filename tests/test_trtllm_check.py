@@ -53,3 +53,72 @@ def test_engine_limits_follow_trtllm_bench_rules():
     bs, tokens = trtllm_check.engine_limits(long)
     # Few requests of 22k tokens fit: the floor of 64 and rounding up to a multiple of 32.
     assert bs >= 64 and bs % 32 == 0 and tokens >= 2048 and tokens % 256 == 0
+
+
+def _fit_row():
+    rows = trtllm_check.load_rows()
+    return next(r for r in trtllm_check.bench_rows(rows)
+                if r.model == "llama-3.1-8b" and r.hardware == "h200" and r.isl == 1000
+                and r.osl == 1000)
+
+
+def test_bench_rows_carry_the_engine_and_the_total_throughput():
+    rows = trtllm_check.load_rows()
+    fit_rows = trtllm_check.bench_rows(rows)
+    assert len(fit_rows) == sum(r["pp"] == 1 for r in rows)
+    assert len({r.index for r in fit_rows}) == len(fit_rows)
+    assert all(r.index >= trtllm_check.INDEX_BASE for r in fit_rows)
+    row = _fit_row()
+    table = next(r for r in rows if r["line"] == row.line)
+    cap, tokens = trtllm_check.engine_limits(table)
+    assert row.framework == "trtllm-bench" and row.kv == "fp8"
+    assert row.range_ratio == 1.0 and row.first_wave < 1e-3
+    assert row.max_batched_tokens == tokens and 1 <= row.conc <= cap
+    # InferenceMAX's metric: input and output tokens per second per GPU.
+    assert row.measured["tput_per_gpu"] == pytest.approx(table["measured"] * 2.0)
+
+
+def test_the_fit_path_reads_a_rows_lengths_budget_and_kv_format():
+    """A fit row's prediction is `serving.predict` of its own workload (fixed lengths, no
+    opening burst), token budget and KV format under the same parameters; changing the
+    lengths, the KV format or the budget changes it (none is dropped on the way)."""
+    import dataclasses
+
+    import numpy as np
+
+    from perfmodel import calibration as cal
+    from perfmodel import fitted
+    from perfmodel.design import Design, Layout, Runtime, precision
+    from perfmodel.presets import get_chip, get_model
+    from perfmodel.serving import predict
+    from perfmodel.workload import Workload
+
+    row = _fit_row()
+    params = cal.from_json(fitted.read(fitted.LATENCY_FILE))
+
+    def via_fit(r, metric="tput_per_gpu"):
+        problem = cal.Calibration([r])
+        return float(problem.predict(params)[metric][0])
+
+    chip = cal.with_family(get_chip("h200", calibrated=False),
+                           params.family_raw[params.families.index("hopper")])
+    raw = params.framework_raw[params.frameworks.index("trt")]
+    runtime = Runtime(**cal.framework_values(raw), max_batched_tokens=row.max_batched_tokens)
+    model = get_model("llama-3.1-8b")
+    design = Design(concurrency=row.conc, layout=Layout(tp=1),
+                    precision=precision(chip, model, "fp8", kv="fp8", emulate=True),
+                    runtime=runtime)
+    workload = Workload(row.isl, row.osl, input_range_ratio=1.0, output_range_ratio=1.0,
+                        first_wave_fraction=row.first_wave)
+    direct = predict(model, chip, workload, design, check=False, unfit="value")
+    got = via_fit(row)
+    np.testing.assert_allclose(got, float(direct.throughput_per_chip), rtol=1e-9)
+    for change in ({"range_ratio": 0.5}, {"kv": None}):
+        assert abs(via_fit(dataclasses.replace(row, **change)) / got - 1.0) > 1e-4, change
+    np.testing.assert_allclose(via_fit(row, "median_ttft_s"), float(direct.ttft), rtol=1e-9)
+    # The token budget: one request's 1,000-token prompt split over two steps of 512 tokens
+    # takes longer to its first token. (The opening burst shapes the p99 TTFT only, which
+    # the fit does not read.)
+    alone = dataclasses.replace(row, conc=1.0)
+    assert via_fit(dataclasses.replace(alone, max_batched_tokens=512.0), "median_ttft_s") \
+        > 1.01 * via_fit(alone, "median_ttft_s")

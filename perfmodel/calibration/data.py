@@ -34,8 +34,10 @@ from .params import (
 )
 
 #: The per-row numbers the model reads (`row_inputs`): input and output tokens (tokens),
-#: concurrency (requests), MTP draft tokens (tokens) and activation reserve (bytes).
-INPUTS = ("isl", "osl", "conc", "draft", "reserve")
+#: concurrency (requests), MTP draft tokens (tokens), activation reserve (bytes), the
+#: lengths' range ratio and the first-wave fraction (dimensionless), and the token budget
+#: per step (tokens).
+INPUTS = ("isl", "osl", "conc", "draft", "reserve", "range_ratio", "first_wave", "budget")
 
 
 @dataclasses.dataclass
@@ -91,7 +93,7 @@ def build_groups(rows: Sequence[BenchRow]) -> tuple[list[Group], dict[int, str]]
         try:
             model = model_of(row.model)
             chip = get_chip(row.hardware, calibrated=False)
-            prec = precision(chip, model, row.precision, emulate=True)   # what ran
+            prec = precision(chip, model, row.precision, kv=row.kv, emulate=True)  # what ran
             if row.disaggregated:
                 layout = Disaggregated(prefill=_layout(row.prefill), decode=_layout(row.decode))
                 pools = (layout.prefill, layout.decode)
@@ -130,8 +132,9 @@ def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
         >>> import perfmodel.datasets as ds
         >>> row = ds.BenchRow(0, 2, "gpt-oss-120b", "b200", "sglang", "fp4", 1024., 512.,
         ...                   8., True, ds.PoolLayout(1, 1, False), None, None, {})
-        >>> {k: float(v[0]) for k, v in row_inputs([row]).items()}
-        {'isl': 1024.0, 'osl': 512.0, 'conc': 8.0, 'draft': 2.0, 'reserve': 0.0}
+        >>> {k: float(v[0]) for k, v in row_inputs([row]).items()}  # doctest: +NORMALIZE_WHITESPACE
+        {'isl': 1024.0, 'osl': 512.0, 'conc': 8.0, 'draft': 2.0, 'reserve': 0.0,
+         'range_ratio': 0.8, 'first_wave': 0.1, 'budget': 8192.0}
     """
     reserve = float(Runtime().activation_reserve)
     return dict(
@@ -140,7 +143,10 @@ def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
         conc=np.array([r.conc for r in rows], dtype=float),
         draft=np.array([MTP_DRAFT_TOKENS if r.mtp else 0.0 for r in rows]),
         reserve=np.array([FRAMEWORK_SETTINGS.get(r.framework, {}).get(
-            "activation_reserve", reserve) for r in rows]))
+            "activation_reserve", reserve) for r in rows]),
+        range_ratio=np.array([r.range_ratio for r in rows], dtype=float),
+        first_wave=np.array([r.first_wave for r in rows], dtype=float),
+        budget=np.array([r.max_batched_tokens for r in rows], dtype=float))
 
 
 def framework_rows(rows: Sequence[BenchRow], params: Params) -> np.ndarray:
@@ -227,7 +233,7 @@ def batches(groups: Sequence[Group]) -> list[Batch]:
     keyed: dict[tuple, list[Group]] = {}
     for g in groups:
         row = g.rows[0]
-        key = (row.model, row.hardware, row.precision,
+        key = (row.model, row.hardware, row.precision, row.kv,
                g.design.layout if g.design.disaggregated else None)
         keyed.setdefault(key, []).append(g)
     out = []

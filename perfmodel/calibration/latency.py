@@ -162,7 +162,8 @@ def rowwise_jacobian(f: Callable) -> Callable:
 
 
 def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_raw, isl,
-                osl, conc, draft, reserve, vectorize: bool = False) -> Metrics:
+                osl, conc, draft, reserve, range_ratio=0.8, first_wave=0.1, budget=8192.0,
+                vectorize: bool = False) -> Metrics:
     """Metrics of benchmark rows (arrays broadcast together) under given parameters.
 
     Args:
@@ -171,14 +172,20 @@ def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_
         framework_raw: (..., len(FRAMEWORK_FIELDS)) unconstrained framework values per row.
         isl, osl, conc, draft, reserve: per-row input and output tokens, concurrency
             (requests), MTP draft tokens and activation reserve (bytes).
+        range_ratio, first_wave: per-row `Workload.input_range_ratio` (and output) and
+            `Workload.first_wave_fraction` (InferenceMAX's 0.8 and 0.1 by default).
+        budget: per-row token budget per step (`Runtime.max_batched_tokens`; tokens).
         vectorize: as `serving.predict` (same numbers; a smaller program).
     """
     chip = with_family(chip, family_raw)
-    runtime = Runtime(**framework_values(framework_raw), activation_reserve=reserve)
+    runtime = Runtime(**framework_values(framework_raw), activation_reserve=reserve,
+                      max_batched_tokens=budget)
     spec = SpecDecode(draft_tokens=draft, acceptance=MTP_ACCEPTANCE)
     design = eqx.tree_at(lambda d: (d.concurrency, d.speculative, d.runtime), design,
                          (conc, spec, runtime))
-    return predict(model, chip, Workload(isl, osl), design, check=False, vectorize=vectorize,
+    workload = Workload(isl, osl, input_range_ratio=range_ratio,
+                        output_range_ratio=range_ratio, first_wave_fraction=first_wave)
+    return predict(model, chip, workload, design, check=False, vectorize=vectorize,
                    unfit="value")
 
 

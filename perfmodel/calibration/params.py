@@ -69,9 +69,9 @@ FAMILY_FALLBACK = {"rubin": "blackwell", "jalapeno": "blackwell", "tpu": "blackw
                    "groq": "blackwell", "cdna3": "cdna4", "cdna4": "cdna3",
                    "hopper": "blackwell", "blackwell": "hopper"}
 #: Frameworks without data: the engine they are built on.
-FRAMEWORK_FALLBACK = {"dynamo-trt": "trt", "dynamo-sglang": "sglang", "sglang-disagg": "sglang",
-                      "dynamo-vllm": "vllm", "atom": "vllm", "trt": "vllm",
-                      "sglang": "vllm", "vllm": "sglang"}
+FRAMEWORK_FALLBACK = {"dynamo-trt": "trt", "trtllm-bench": "trt", "dynamo-sglang": "sglang",
+                      "sglang-disagg": "sglang", "dynamo-vllm": "vllm", "atom": "vllm",
+                      "trt": "vllm", "sglang": "vllm", "vllm": "sglang"}
 
 #: Name of the pooled (across-family) row of a partially pooled fit (`latency.Prior`).
 POOLED = "pooled"
