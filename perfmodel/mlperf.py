@@ -120,6 +120,8 @@ class RowSpec:
         domain: chips the layout search may span (count): the system, up to the scale-up
             domain.
         input_len, output_len: mean tokens per sample.
+        output_cv2: squared coefficient of variation of the outputs (`Workload.output_cv2`;
+            dimensionless), 0 where the data set's spread is not known.
         ttft_limit, tpot_limit: the scenario's p99 limits (s); inf for Offline.
         speculative: whether the round's rules allow speculative decoding.
         notes: assumptions this row added (for `pred_basis`).
@@ -142,11 +144,13 @@ class RowSpec:
     speculative: bool
     notes: tuple[str, ...] = ()
     power_limit: float | None = None
+    output_cv2: float = 0.0
 
     def structure(self) -> tuple:
         """Rows with equal structure share one evaluation of every configuration."""
         return (self.model, self.chip, self.weights, self.framework, self.domain,
-                self.input_len, self.output_len, self.speculative, self.power_limit)
+                self.input_len, self.output_len, self.speculative, self.power_limit,
+                self.output_cv2)
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -221,7 +225,8 @@ def interpret(raw: dict) -> RowSpec:
                    weights=weights, framework=framework, accelerators=accelerators,
                    domain=domain, input_len=float(lengths["input_tokens_mean"]),
                    output_len=float(lengths["output_tokens_mean"]), ttft_limit=ttft,
-                   tpot_limit=tpot, speculative=speculative, notes=tuple(notes))
+                   tpot_limit=tpot, speculative=speculative, notes=tuple(notes),
+                   output_cv2=float(lengths.get("output_cv2") or 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,11 +248,13 @@ class Configurations:
     values: dict
 
 
-def fixed_lengths(input_len: float, output_len: float) -> Workload:
+def fixed_lengths(input_len: float, output_len: float, output_cv2: float = 0.0) -> Workload:
     """Every request `input_len` / `output_len` tokens (a data set's means, or a synthetic
-    data set's only lengths); Poisson and Offline loads have no opening burst."""
+    data set's only lengths), the running batch's context length-biased by `output_cv2`
+    where the data set's outputs spread (`Workload.output_cv2`); Poisson and Offline loads
+    have no opening burst."""
     return Workload(input_len, output_len, input_range_ratio=1.0, output_range_ratio=1.0,
-                    first_wave_fraction=1e-6)
+                    first_wave_fraction=1e-6, output_cv2=output_cv2)
 
 
 def batch_grid(fit: float) -> np.ndarray:
@@ -288,18 +295,18 @@ def configurations(spec: RowSpec) -> Configurations:
 @functools.lru_cache(maxsize=64)
 def _configurations(structure: tuple) -> Configurations:
     (name, chip_name, weights, framework, domain, input_len, output_len, speculative,
-     power_limit) = structure
+     power_limit, output_cv2) = structure
     spec = RowSpec(benchmark="", model=name, chip=chip_name, scenario="Offline",
                    weights=weights, framework=framework, accelerators=domain, domain=domain,
                    input_len=input_len, output_len=output_len, ttft_limit=math.inf,
-                   tpot_limit=math.inf, speculative=speculative)
+                   tpot_limit=math.inf, speculative=speculative, output_cv2=output_cv2)
     model, chip = get_model(spec.model), get_chip(spec.chip)
     if power_limit is not None:
         chip = eqx.tree_at(lambda c: c.tdp, chip, jnp.asarray(float(power_limit)))
     kv = "fp8" if "fp8" in chip.native_classes else None
     prec = precision(chip, model, spec.weights, kv=kv)
     runtime = fitted.runtime_for(spec.framework)
-    workload = fixed_lengths(spec.input_len, spec.output_len)
+    workload = fixed_lengths(spec.input_len, spec.output_len, spec.output_cv2)
     specs = [SpecDecode()] + ([SpecDecode(draft_tokens=k, acceptance=MTP_ACCEPTANCE)
                                for k in DRAFT_TOKENS] if spec.speculative else [])
     layouts = candidate_layouts(model, chip, spec.domain, workload, prec, runtime)
@@ -307,7 +314,7 @@ def _configurations(structure: tuple) -> Configurations:
     for layout in layouts:
         single = dataclasses.replace(layout, replicas=1)
         fit = batch_that_fits(model, chip, prec, runtime, layout,
-                               spec.input_len + spec.output_len / 2.0)
+                               float(workload.decode_context))
         grid = batch_grid(fit)
         for sd in specs:
             design = Design(concurrency=1.0, layout=single, precision=prec, runtime=runtime,

@@ -200,7 +200,7 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     I, O = workload.mean_input_len, workload.mean_output_len
     tau = spec.tokens_per_step
     per_instance = concurrency / layout.replicas
-    context = I + O / 2.0
+    context = workload.decode_context
     fit, excess, penalty = _memory(model, chip, design, layout, context, sharpness)
     running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,
                          sharpness=sharpness, hard=hard)
@@ -267,7 +267,7 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     I, O = workload.mean_input_len, workload.mean_output_len
     tau = spec.tokens_per_step
     dec, pre = layout.decode, layout.prefill
-    context = I + O / 2.0
+    context = workload.decode_context
     fit, excess, penalty = _memory(model, chip, design, dec, context, sharpness)
     _, _, pre_penalty = _memory(model, chip, design, pre, I, sharpness)
     per_instance = concurrency / dec.replicas
@@ -362,6 +362,8 @@ _CHECKS = (
      "workload range ratios must lie in (0, 1]"),
     (lambda w, d, c: w.output_range_ratio, lambda r: (r > 0) & (r <= 1),
      "workload range ratios must lie in (0, 1]"),
+    (lambda w, d, c: w.output_cv2, lambda x: x >= 0,
+     "workload.output_cv2 must be >= 0 (0: outputs at their mean)"),
     (lambda w, d, c: d.concurrency, lambda x: x > 0, "design.concurrency must be > 0"),
     (lambda w, d, c: d.runtime.expert_efficiency, lambda x: (x > 0) & (x <= 1),
      "design.runtime.expert_efficiency must lie in (0, 1]"),

@@ -120,9 +120,8 @@ def _as_precision(chip: Chip, model: Model, fmt: Precision | str | None) -> Prec
 
 
 def _context(workload: Workload) -> float:
-    # The context serving.predict sizes the KV cache at: mean prompt plus half the output.
-    workload = on_host(workload)
-    return float(workload.mean_input_len + workload.mean_output_len / 2.0)
+    # The context serving.predict sizes the KV cache at (`Workload.decode_context`).
+    return float(on_host(workload).decode_context)
 
 
 def _check_lengths(isl, osl):

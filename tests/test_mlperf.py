@@ -128,3 +128,51 @@ def test_predict_command_reads_an_mlperf_csv(tmp_path):
     assert float(got[0]["pred_result_per_accelerator"]) > 0 and got[0]["pred_error"] == ""
     assert got[1]["pred_result_per_accelerator"] == "" and "unknown chip" in got[1][
         "pred_error"]
+
+
+def test_output_spread_reaches_the_spec_where_the_data_set_publishes_one():
+    lengths = mlperf.dataset_lengths()
+    assert all(e["output_cv2_basis"] for e in lengths.values())
+    r1 = mlperf.interpret(row(model="deepseek-r1", accelerator="NVIDIA B200-SXM-180GB",
+                              weight_data_types="fp4", software="TensorRT 10.11"))
+    assert r1.output_cv2 == pytest.approx(1.42)
+    assert mlperf.interpret(row()).output_cv2 == 0.0
+    assert r1.structure()[-1] == r1.output_cv2
+    # A censored lognormal with the data set's median and mean: the stated spread.
+    import numpy as np
+
+    z = np.linspace(-8.0, 8.0, 200_001)
+    w = np.exp(-0.5 * z ** 2) / np.exp(-0.5 * z ** 2).sum()
+    out = np.minimum(np.exp(np.log(2108.0) + 1.2117 * z), 20_000.0)
+    mean = float(w @ out)
+    assert mean == pytest.approx(float(lengths["deepseek-r1"]["output_tokens_mean"]), rel=1e-3)
+    assert float(w @ out ** 2) / mean ** 2 - 1.0 == pytest.approx(1.42, abs=0.01)
+
+
+def test_length_biased_context_costs_throughput_and_batch():
+    """A spread of output lengths at the same means lengthens the running batch's context:
+    less throughput at the same batch, a smaller batch that fits; no spread is the mean
+    lengths exactly."""
+    import jax.numpy as jnp
+
+    from perfmodel import Design, Layout, get_chip, get_model, precision, predict
+    from perfmodel.sweep import batch_that_fits
+    from perfmodel.workload import Workload
+
+    chip, model = get_chip("h200"), get_model("llama-3.1-8b")
+    design = Design(concurrency=64.0, layout=Layout(tp=1), precision=precision(chip, model))
+    base = mlperf.fixed_lengths(800.0, 3886.0)
+    assert float(base.decode_context) == 800.0 + 3886.0 / 2.0
+    plain = Workload(800.0, 3886.0, 1.0, 1.0, first_wave_fraction=1e-6)
+    same = predict(model, chip, plain, design, hard=True)
+    zero = predict(model, chip, base, design, hard=True)
+    assert float(zero.throughput_per_chip) == float(same.throughput_per_chip)
+    spread = predict(model, chip, mlperf.fixed_lengths(800.0, 3886.0, 1.42), design,
+                     hard=True)
+    assert float(spread.throughput_per_chip) < 0.97 * float(zero.throughput_per_chip)
+    fits = [batch_that_fits(model, chip, design.precision, design.runtime, design.layout,
+                            float(w.decode_context))
+            for w in (base, mlperf.fixed_lengths(800.0, 3886.0, 1.42))]
+    assert fits[1] < 0.6 * fits[0]
+    with pytest.raises(ValueError, match="output_cv2"):
+        Workload(800.0, 3886.0, output_cv2=jnp.asarray(-0.1))

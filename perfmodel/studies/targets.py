@@ -131,7 +131,7 @@ def replica_metrics(model_name: str, single: LayoutNumbers, concurrency, chip: C
     layout and the concurrency)."""
     model = get_model(model_name)
     prec = precision(chip, model, "fp4")
-    context = workload.mean_input_len + workload.mean_output_len / 2.0
+    context = workload.decode_context
     fit = max_batch(model, single, prec, chip.hbm_capacity, context, runtime.memory_fraction,
                     runtime.activation_reserve, None, chip.num_slices)
     conc = smooth_min(jnp.maximum(fit, 1.0), concurrency)
