@@ -436,8 +436,9 @@ def predict_row(raw: dict) -> dict:
         return empty | {"pred_error": str(error)}
     basis = [f"fitted runtime {spec.framework}", f"{spec.weights} weights",
              f"lengths {spec.input_len:g}/{spec.output_len:g} (data-set means, "
-             "mlperf_lengths.csv)", f"configuration searched over {spec.domain} chips: "
-             f"{cap['label']}"]
+             "mlperf_lengths.csv)" + (f", output Var/mean^2 {spec.output_cv2:g} (length-"
+                                       "biased batch context)" if spec.output_cv2 else ""),
+             f"configuration searched over {spec.domain} chips: {cap['label']}"]
     if spec.scenario == "Offline":
         basis.append("Offline: best throughput over configurations and batches that fit")
     else:
