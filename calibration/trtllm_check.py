@@ -114,6 +114,30 @@ def _round_up(x: float, rungs, least: int) -> int:
     return max(least, step * math.ceil(x / step))
 
 
+def _kv(chip) -> str | None:
+    """The KV-cache format of the table's engines: FP8 where the chip computes FP8."""
+    return "fp8" if "fp8" in chip.native_classes else None
+
+
+def _engine(row: dict, engine: bool = True, calibrated: bool = True):
+    """(model, chip, precision, runtime, layout, batch that fits) of a row as trtllm-bench
+    runs it: TensorRT-LLM's fitted runtime, the table's layout, and, with `engine`, the
+    batch cap and tokens per step of `engine_limits`; the batch is what fits beside the
+    weights at the fixed lengths' decode context (`Workload.decode_context`), capped."""
+    model, chip = get_model(row["model"]), get_chip(row["chip"], calibrated=calibrated)
+    prec = precision(chip, model, row["precision"], kv=_kv(chip))
+    runtime = fitted.runtime_for("trtllm-bench")
+    cap = math.inf
+    if engine:
+        cap, tokens = engine_limits(row)
+        runtime = eqx.tree_at(lambda r: r.max_batched_tokens, runtime,
+                              jnp.asarray(float(tokens)))
+    layout = Layout(tp=row["tp"], pp=row["pp"], ep=row["ep"])
+    context = float(mlperf.fixed_lengths(row["isl"], row["osl"]).decode_context)
+    fit = min(batch_that_fits(model, chip, prec, runtime, layout, context), cap)
+    return model, chip, prec, runtime, layout, fit
+
+
 #: `BenchRow.index` of the first table row as a fit row (after every InferenceMAX index).
 INDEX_BASE = 1_000_000
 
@@ -132,16 +156,8 @@ def bench_rows(rows: list[dict]) -> list[datasets.BenchRow]:
         if row["pp"] != 1:
             continue
         # Memory alone decides the batch: the chip's specs, not the shipped fit.
-        model, chip = get_model(row["model"]), get_chip(row["chip"], calibrated=False)
-        kv = "fp8" if "fp8" in chip.native_classes else None
-        prec = precision(chip, model, row["precision"], kv=kv)
-        cap, tokens = engine_limits(row)
-        runtime = eqx.tree_at(lambda r: r.max_batched_tokens,
-                              fitted.runtime_for("trtllm-bench"),
-                              jnp.asarray(float(tokens)))
-        layout = Layout(tp=row["tp"], ep=row["ep"])
-        batch = math.floor(min(batch_that_fits(model, chip, prec, runtime, layout,
-                                               row["isl"] + row["osl"] / 2.0), cap))
+        _, chip, _, runtime, _, fit = _engine(row, calibrated=False)
+        batch = math.floor(fit)
         if batch < 1:
             continue
         total = row["measured"] * (row["isl"] + row["osl"]) / row["osl"]
@@ -151,7 +167,8 @@ def bench_rows(rows: list[dict]) -> list[datasets.BenchRow]:
             conc=float(batch), mtp=False,
             layout=datasets.PoolLayout(tp=row["tp"], ep=row["ep"], dp_attention=False),
             prefill=None, decode=None, measured={"tput_per_gpu": total}, range_ratio=1.0,
-            first_wave=1e-6, max_batched_tokens=float(tokens), kv=kv))
+            first_wave=1e-6, max_batched_tokens=float(runtime.max_batched_tokens),
+            kv=_kv(chip)))
     return out
 
 
@@ -159,18 +176,7 @@ def predict_row(row: dict, engine: bool = True) -> dict:
     """Best output tokens/s per GPU of the row's layout over batches that fit (and, with
     `engine`, within `engine_limits`: the batch cap and the tokens per step), with the
     batch that reaches it; `error` when it does not fit."""
-    model, chip = get_model(row["model"]), get_chip(row["chip"])
-    kv = "fp8" if "fp8" in chip.native_classes else None
-    prec = precision(chip, model, row["precision"], kv=kv)
-    runtime = fitted.runtime_for("trtllm-bench")
-    cap = math.inf
-    if engine:
-        cap, tokens = engine_limits(row)
-        runtime = eqx.tree_at(lambda r: r.max_batched_tokens, runtime,
-                              jnp.asarray(float(tokens)))
-    layout = Layout(tp=row["tp"], pp=row["pp"], ep=row["ep"])
-    fit = min(batch_that_fits(model, chip, prec, runtime, layout,
-                              row["isl"] + row["osl"] / 2.0), cap)
+    model, chip, prec, runtime, layout, fit = _engine(row, engine=engine)
     if fit < 1.0:
         return {"predicted": math.nan, "batch": math.nan,
                 "error": "weights and one sequence do not fit"}
