@@ -13,6 +13,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .checks import FRACTION, NON_NEGATIVE, POSITIVE, Range, as_number, check
 from .formats import COMPUTE_CLASSES
@@ -28,7 +29,8 @@ class Efficiency(eqx.Module):
 
     Compute: a matmul with M rows (tokens) reaches
     `compute_max * M / (M + compute_rows_half)` of peak FLOP/s: small-M matmuls (decode at low
-    batch, a few tokens per expert) waste the tensor-core tiles.
+    batch, a few tokens per expert) waste the tensor-core tiles. The peak of a format
+    narrower than BF16 is first bounded by `format_ceiling` (`class_peaks`).
     Memory: a kernel moving `b` bytes takes `b / (bandwidth * bandwidth_max) + memory_latency`.
     Every kernel also pays `kernel_overhead` (launch, ramp-up and tail), and every engine step
     pays `step_overhead` (scheduling, sampling, host sync) in `perfmodel.design.Runtime`.
@@ -39,7 +41,8 @@ class Efficiency(eqx.Module):
     """
 
     compute_max: jnp.ndarray = eqx.field(converter=as_number, default=0.75)
-    """Fraction of peak FLOP/s a large matmul reaches (dimensionless, (0, 1])."""
+    """Fraction of peak FLOP/s a large matmul reaches (dimensionless, (0, 1]); of BF16's
+    peak exactly, of narrower formats' peaks under `format_ceiling`."""
     compute_rows_half: jnp.ndarray = eqx.field(converter=as_number, default=64.0)
     """Rows (tokens) at which a matmul reaches half of `compute_max` (tokens)."""
     bandwidth_max: jnp.ndarray = eqx.field(converter=as_number, default=0.8)
@@ -50,11 +53,34 @@ class Efficiency(eqx.Module):
     """Launch, ramp and tail time per kernel (s)."""
     attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
     """Fraction of peak FLOP/s attention kernels reach (dimensionless, (0, 1])."""
+    format_ceiling: jnp.ndarray = eqx.field(converter=as_number, default=4.0)
+    """A ceiling on a tensor-core kernel's FLOP/s that does not grow with the number
+    format, as a multiple of the chip's BF16 peak (dimensionless, > 0; inf: none). Narrow
+    formats multiply the tensor cores' rate, not the rest of a kernel's pipeline (operand
+    staging, scale factors, epilogues), so a class with k times BF16's peak runs at
+    k (1 + c) / (k + c) times BF16's rate (`class_peaks`; BF16 keeps its peak, and
+    `compute_max` stays the fraction of it a large BF16 matmul reaches). aiconfigurator's
+    GEMM timings (`benchmarks_aic_gemm.csv`, m >= 4096, n, k >= 8192, median achieved over
+    peak) show the pattern: B200 BF16 0.66, FP8 0.57, NVFP4 0.39 of their peaks; B300, whose
+    FP4 peak is 6.2x its BF16 one against B200's 4x, NVFP4 0.31; H200 BF16 0.78, FP8 0.65
+    (`tests/test_roofline.py` checks the fitted ratios against these timings). Default 4 (the
+    calibration's prior; it fits one per family)."""
 
     def __check_init__(self):
         check(self, {"compute_max": FRACTION, "compute_rows_half": POSITIVE,
                      "bandwidth_max": FRACTION, "memory_latency": NON_NEGATIVE,
-                     "kernel_overhead": NON_NEGATIVE, "attention_max": FRACTION})
+                     "kernel_overhead": NON_NEGATIVE, "attention_max": FRACTION,
+                     "format_ceiling": Range(low=0.0, low_open=True, infinite=True)})
+
+    def class_peaks(self, peak_flops):
+        """Each compute class's peak FLOP/s (`peak_flops`, (..., classes), BF16 first) as a
+        kernel of that class sees it under `format_ceiling`, relative to BF16's (FLOP/s):
+        P_c (1 + 1/c) / (1 + (P_c / P_bf16) / c), so BF16 keeps its peak (`compute_max` is
+        the fraction of it a large BF16 matmul reaches) and a class k times as fast reaches
+        k (1 + c) / (k + c) times BF16's rate."""
+        bf16 = lax.index_in_dim(peak_flops, COMPUTE_CLASSES.index("bf16"), axis=-1)
+        inverse = 1.0 / self.format_ceiling
+        return peak_flops * (1.0 + inverse) / (1.0 + (peak_flops / bf16) * inverse)
 
     def compute_fraction(self, rows):
         """Fraction of peak FLOP/s reached by a matmul with `rows` rows (tokens)."""

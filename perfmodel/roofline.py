@@ -309,8 +309,9 @@ def _mix(mix, per_class, unrolled: bool = True):
 
 
 def _peak(op: Operator, chip: Chip, unrolled: bool = True):
-    """Peak FLOP/s of the operator's compute mix on `chip` (`_mix`)."""
-    return _mix(op.compute_mix, chip.peak_flops, unrolled)
+    """Peak FLOP/s of the operator's compute mix on `chip` (`_mix`), each class's peak
+    under the chip's format ceiling (`Efficiency.class_peaks`)."""
+    return _mix(op.compute_mix, chip.efficiency.class_peaks(chip.peak_flops), unrolled)
 
 
 def _energy_per_flop(op: Operator, chip: Chip, unrolled: bool = True):

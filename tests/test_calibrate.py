@@ -208,7 +208,8 @@ def _synthetic(truth):
 #: Unconstrained shifts of the hopper prior by field (`FAMILY_FIELDS`; the others, which no
 #: sample here sees, unshifted).
 SHIFT = jnp.asarray([{"compute_max": 0.6, "compute_rows_half": -0.5, "bandwidth_max": -0.4,
-                      "memory_latency": 0.5, "collective_efficiency": -0.7,
+                      "memory_latency": 0.5, "format_ceiling": -0.4,
+                      "collective_efficiency": -0.7,
                       "collective_latency": 0.8, "collective_base_latency": -0.3}.get(f[0], 0.0)
                      for f in cal.FAMILY_FIELDS])
 
@@ -223,7 +224,8 @@ def test_fit_recovers_known_parameters():
     assert float(result.loss) < 1e-12
     got, want = result.params.values()["families"]["hopper"], \
         truth.values()["families"]["hopper"]
-    for name in ("compute_max", "compute_rows_half", "bandwidth_max",
+    # BF16 and FP8 GEMMs together identify the format ceiling.
+    for name in ("compute_max", "compute_rows_half", "bandwidth_max", "format_ceiling",
                  "collective_efficiency", "collective_latency", "collective_base_latency"):
         assert got[name] == pytest.approx(want[name], rel=0.02), name
     # GEMM timings only see the sum of memory latency and kernel overhead.

@@ -31,7 +31,8 @@ def ideal_chip(bf16_flops=V5E_FLOPS, hbm_bandwidth=V5E_BANDWIDTH, **classes) -> 
     """A chip with the book's idealisations: peak FLOP/s on every matmul row count, full HBM
     bandwidth, no latency or launch overhead, and a network with no cost."""
     efficiency = pm.Efficiency(compute_max=1.0, compute_rows_half=1e-9, bandwidth_max=1.0,
-                               memory_latency=0.0, kernel_overhead=0.0, attention_max=1.0)
+                               memory_latency=0.0, kernel_overhead=0.0, attention_max=1.0,
+                               format_ceiling=jnp.inf)
     chip = pm.from_datasheet("ideal", bf16_tflops=bf16_flops / 1e12, hbm_gb=16.0,
                              hbm_tb_s=hbm_bandwidth / 1e12, scaleup_gb_s=100.0, tdp_w=200.0,
                              scaleup_latency_us=0.0, collective_base_us=0.0,

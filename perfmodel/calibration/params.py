@@ -38,6 +38,7 @@ FAMILY_FIELDS = (
     ("memory_latency", "log", 3e-6, 1.0),
     ("kernel_overhead", "log", 2e-6, 1.0),
     ("attention_max", "logit", 0.5, 1.0),
+    ("format_ceiling", "log", 4.0, 1.0),
     ("collective_efficiency", "logit", 0.8, 1.0),
     ("collective_latency", "log", 1e-6, 1.5),
     ("collective_base_latency", "log", 6e-6, 1.0),
@@ -52,7 +53,7 @@ FRAMEWORK_FIELDS = (
 )
 FAMILY_NAMES = tuple(f[0] for f in FAMILY_FIELDS)
 FRAMEWORK_NAMES = tuple(f[0] for f in FRAMEWORK_FIELDS)
-_EFFICIENCY = FAMILY_NAMES[:6]
+_EFFICIENCY = FAMILY_NAMES[:7]
 _COLLECTIVE = {"collective_efficiency": "efficiency", "collective_latency": "latency",
                "collective_base_latency": "base_latency"}
 
