@@ -219,23 +219,59 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def gemm_fractions(path=DATA / "benchmarks_aic_gemm.csv", chips=("b200", "h200")) -> str:
+def gemm_fractions(path=DATA / "benchmarks_aic_gemm.csv",
+                   chips=("b200", "b300", "h200")) -> str:
     """Measured fraction of peak FLOP/s of large GEMMs per format (m >= 2048, n = k in
     {4096, 16384}; aiconfigurator's timings, the op-level data of the latency fit): the
-    range per chip and dtype, against the preset's peak of the dtype's compute class."""
+    range and median per chip and dtype, against the preset's peak of the dtype's compute
+    class (what `hardware.Efficiency.format_ceiling` describes)."""
     peaks = {c: np.asarray(get_chip(c, calibrated=False).peak_flops) for c in chips}
-    spans = {}
+    fractions = {}
     for g in datasets.load_gemm(path):
         if g["chip"] not in chips or g["m"] < 2048 or g["n"] != g["k"] \
                 or g["n"] not in (4096.0, 16384.0):
             continue
         peak = float(peaks[g["chip"]][COMPUTE_CLASSES.index(
             datasets.GEMM_DTYPES[g["dtype"]][2])])
-        frac = 2.0 * g["m"] * g["n"] * g["k"] / g["seconds"] / peak
-        lo, hi = spans.get((g["chip"], g["dtype"]), (math.inf, 0.0))
-        spans[(g["chip"], g["dtype"])] = (min(lo, frac), max(hi, frac))
-    return "; ".join(f"{chip} {dtype} {100 * lo:.0f}-{100 * hi:.0f} %"
-                     for (chip, dtype), (lo, hi) in sorted(spans.items()))
+        fractions.setdefault((g["chip"], g["dtype"]), []).append(
+            2.0 * g["m"] * g["n"] * g["k"] / g["seconds"] / peak)
+    return "; ".join(f"{chip} {dtype} {100 * min(f):.0f}-{100 * max(f):.0f} % (median "
+                     f"{100 * np.median(f):.0f} %)"
+                     for (chip, dtype), f in sorted(fractions.items()))
+
+
+def gemm_ratios(path=DATA / "benchmarks_aic_gemm.csv",
+                chips=("b200", "gb200", "b300", "gb300", "h100", "h200")) -> str:
+    """Each narrow format's GEMM time over BF16's at the same large shape (m >= 4096, n, k
+    >= 8192; median over the shapes), measured and as the shipped fit predicts it
+    (`calibration.gemm_time`), with the format ceiling c the measured ratio implies alone
+    (a class k times BF16's peak at k (1 + c) / (k + c) times its rate:
+    `hardware.Efficiency.format_ceiling`)."""
+    from perfmodel.calibration import gemm_time
+
+    seconds = {(s["chip"], s["dtype"], s["m"], s["n"], s["k"]): s["seconds"]
+               for s in datasets.load_gemm(path)}
+    out = []
+    for name in chips:
+        chip = get_chip(name)
+        peaks = dict(zip(COMPUTE_CLASSES, np.asarray(chip.peak_flops), strict=True))
+        for dtype in ("fp8", "nvfp4"):
+            shapes = [key[2:] for key in seconds if key[:2] == (name, dtype)
+                      and key[2] >= 4096 and min(key[3:]) >= 8192
+                      and (name, "bfloat16", *key[2:]) in seconds]
+            if not shapes:
+                continue
+            measured = float(np.median([seconds[(name, dtype, *x)]
+                                        / seconds[(name, "bfloat16", *x)] for x in shapes]))
+            m, n, k = (np.array([x[i] for x in shapes]) for i in range(3))
+            predicted = float(np.median(np.asarray(gemm_time(chip, m, n, k, dtype))
+                                        / np.asarray(gemm_time(chip, m, n, k, "bfloat16"))))
+            times = peaks[datasets.GEMM_DTYPES[dtype][2]] / peaks["bf16"]
+            speedup = 1.0 / measured
+            implied = times * (speedup - 1.0) / (times - speedup)
+            out.append(f"{name} {dtype} {measured:.2f} measured, {predicted:.2f} fitted "
+                       f"(c {implied:.1f} alone)")
+    return "; ".join(out)
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
@@ -289,7 +325,9 @@ def main(argv=None) -> int:
             f"({summary['not_predicted']} not predicted).\n\n{table(summary)}\n\n"
             f"Measured fraction of peak of large GEMMs (m >= 2048, n = k = 4096 or 16,384; "
             f"`benchmarks_aic_gemm.csv`, the latency fit's op-level data): "
-            f"{gemm_fractions()}.\n\n![TensorRT-LLM Offline parity](../docs/trtllm_offline.png)")
+            f"{gemm_fractions()}.\n\nNarrow formats' time over BF16's at the same large GEMM "
+            f"shapes (m >= 4096, n, k >= 8192), measured and as the shipped fit predicts it: "
+            f"{gemm_ratios()}.\n\n![TensorRT-LLM Offline parity](../docs/trtllm_offline.png)")
     print(text)
     out = args.json or (HERE / "trtllm_check.json" if engine else None)
     if out is not None:
