@@ -362,28 +362,39 @@ def pareto_front(throughput, interactivity) -> np.ndarray:
 
 
 def point_row(model: Model, chip: Chip, runtime: Runtime, prec: Precision,
-              layout: LayoutNumbers, concurrency, input_len, output_len) -> dict:
+              layout: LayoutNumbers, concurrency, input_len, output_len,
+              shape: Workload | None = None) -> dict:
     """`predict(...).to_row()` of one point whose layout, concurrency and lengths are numbers
     (hard max, no run-time checks: callers filter non-finite points themselves). Every layout
-    of a model then shares one kernel, here and in `perfmodel.grid`."""
+    of a model then shares one kernel, here and in `perfmodel.grid`. `shape`, when given,
+    lends the point its length ranges, first wave and output spread (`Workload` fields; the
+    point keeps its own lengths and runs closed-loop); None: `Workload`'s defaults."""
     # Fresh defaults: class-level ones were built at import, before x64 may have been on.
     # The concurrency goes in after construction: `Design` checks a concrete one.
     design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime,
                     mapping=SliceMapping(), speculative=SpecDecode())
     design = eqx.tree_at(lambda d: d.concurrency, design, concurrency)
-    return predict(model, chip, Workload(input_len, output_len), design, hard=True,
-                   check=False, unfit="value").to_row()
+    if shape is None:
+        workload = Workload(input_len, output_len)
+    else:
+        workload = Workload(input_len, output_len, input_range_ratio=shape.input_range_ratio,
+                            output_range_ratio=shape.output_range_ratio,
+                            first_wave_fraction=shape.first_wave_fraction,
+                            output_cv2=shape.output_cv2)
+    return predict(model, chip, workload, design, hard=True, check=False,
+                   unfit="value").to_row()
 
 
-def _evaluate(model: Model, chip: Chip, runtime: Runtime, prec: Precision, points: dict):
+def _evaluate(model: Model, chip: Chip, runtime: Runtime, prec: Precision, points: dict,
+              shape: Workload | None = None):
     """`point_row` vmapped over `points` (arrays tp, ep, pp, dpa, concurrency, isl, osl),
-    each point one replica."""
+    each point one replica, every point with `shape`'s ranges and spread."""
 
     def one(p):
         layout = LayoutNumbers(tp=p["tp"], ep=p["ep"], pp=p["pp"],
                                replicas=jnp.ones_like(p["tp"]), dp_attention=p["dpa"])
         return point_row(model, chip, runtime, prec, layout, p["concurrency"], p["isl"],
-                         p["osl"])
+                         p["osl"], shape)
 
     return jax.vmap(one)(points)
 
@@ -405,7 +416,9 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
 
     Args:
         model, chip: specs or preset names.
-        workload: request lengths (default ISL 8192, OSL 1024).
+        workload: request lengths, their ranges and output spread (default ISL 8192, OSL
+            1024); every point runs closed-loop at the grid's concurrencies, so a
+            `request_rate` is not read.
         chips: chips in the deployment (default: `auto_chips`).
         precision: a `Precision` or weight format name (default: `default_precision`).
         grid: concurrencies per replica (requests, positive).
@@ -466,7 +479,7 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
     points = {k: jnp.asarray(v[take]) for k, v in points.items()}
     with bar(1, f"{model.name} on {chips} x {chip.name}, {len(layouts)} layouts", progress,
              unit="kernel") as shown:
-        args = (model, chip, runtime, prec, points)
+        args = (model, chip, runtime, prec, points, workload)
         # Lowered and compiled apart from jit's call path, whose caches compile one kernel
         # at a time: sweeps run from several threads (`perfmodel compare`) then compile
         # side by side.

@@ -109,6 +109,24 @@ def test_csv_matches_json(capsys):
         assert a["precision"] == "fp8/fp8/bf16"   # weights/experts/KV
 
 
+def test_output_spread_lengthens_the_decode_context(capsys):
+    """--output-cv2: the same front at a longer running context (Workload.decode_context:
+    ISL + OSL (1 + cv2) / 2), so each concurrency decodes more slowly; the inputs say so."""
+    argv = ("pareto", "--model", "llama-3.1-8b", "--chip", "h200", "--isl", "1024", "--osl",
+            "1024", "--chips", "1", "--precision", "fp8", "--format", "json")
+    fronts = {}
+    for cv2 in ("0", "1.5"):
+        code, out, err = _run(capsys, *argv, "--output-cv2", cv2)
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["inputs"]["output_cv2"] == float(cv2)
+        fronts[cv2] = {(r["layout"], r["concurrency"]): r for r in data["rows"]}
+    shared = set(fronts["0"]) & set(fronts["1.5"])
+    assert shared
+    for key in shared:
+        assert fronts["1.5"][key]["tpot_s"] > fronts["0"][key]["tpot_s"], key
+
+
 @pytest.mark.parametrize("argv, names", [
     (("pareto", "--chip", "nonesuch"), ("'nonesuch'", "gb200", "h100")),
     (("pareto", "--model", "gpt-5"), ("'gpt-5'", "deepseek-r1")),
@@ -121,6 +139,9 @@ def test_csv_matches_json(capsys):
     (("pareto", "--format", "xml"), ("'xml'", "table", "json", "csv")),
     (("pareto", "--precision", "fp3"), ("'fp3'", "fp8", "bf16")),
     (("pareto", "--plot", "front.txt"), ("front.txt", ".png")),
+    (("pareto", "--output-cv2", "-1"), ("--output-cv2", "-1", ">= 0")),
+    (("pareto", "--output-cv2", "wide"), ("--output-cv2", "'wide'")),
+    (("optimize", "--output-cv2", "inf"), ("--output-cv2", "inf", "finite")),
     (("frobnicate",), ("'frobnicate'", "pareto")),
     ((), ("COMMAND",)),
 ])

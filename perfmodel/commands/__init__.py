@@ -61,6 +61,17 @@ def token_count(text: str) -> int:
     return value
 
 
+def spread(text: str) -> float:
+    """argparse type of --output-cv2: a finite number >= 0 (the message names the value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
+    return value
+
+
 def add_model_chip_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
                         chip: str | None = "gb200", chip_default: str | None = None) -> None:
     """--model and --chip, read by `model_and_chip`: every command takes the same names.
@@ -94,6 +105,11 @@ def add_spec_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
                         help="nominal input length, tokens (default 8192)")
     parser.add_argument("--osl", type=token_count, default=1024,
                         help="nominal output length, tokens (default 1024)")
+    parser.add_argument("--output-cv2", type=spread, default=0.0,
+                        help="Var/mean^2 of the output lengths (default 0): a spread "
+                             "lengthens the running batch's mean context to ISL + OSL (1 + "
+                             "cv2) / 2 (Workload.output_cv2; MLPerf's DeepSeek-R1 outputs: "
+                             "1.42)")
     add_long_context_arg(parser)
     parser.add_argument("--precision", default=None,
                         help="weight format (fp4, fp8, int8, bf16, mxfp4, nvfp4, int4); default: "

@@ -102,8 +102,9 @@ def run(args) -> int:
             raise ValueError(f"--plot {args.plot!r}: the file name must end in .png, .pdf "
                              "or .svg")
         check_output(args.plot, "--plot")
-    result = sweep(model, chip, Workload(args.isl, args.osl), chips=args.chips, precision=fmt,
-                   jit=True, progress=progress(args))
+    workload = Workload(args.isl, args.osl, output_cv2=args.output_cv2)
+    result = sweep(model, chip, workload, chips=args.chips, precision=fmt, jit=True,
+                   progress=progress(args))
     rows = result.rows()
     if args.format == "table":
         shown = [dict(row, tpot_ms=row["tpot_s"] * 1e3) for row in rows]
@@ -111,6 +112,7 @@ def run(args) -> int:
         shown = rows
     inputs = provenance(command="pareto", model=result.model, chip=result.chip,
                         chips=result.chips, isl=args.isl, osl=args.osl,
+                        output_cv2=args.output_cv2,
                         precision="/".join(result.precision),
                         engine=str(default_runtime(chip).framework))
     text = render(shown, args.format, COLUMNS, inputs=None if args.format == "table" else inputs)
