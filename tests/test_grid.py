@@ -88,6 +88,8 @@ def test_example_spec_is_the_issue_form():
     ({"emulate": "yes"}, "sweep.emulate must be true or false"),
     ({"runtime": {"speed": 2}}, "sweep.runtime.speed: unknown field"),
     ({"runtime": {"max_running": "many"}}, "sweep.runtime.max_running must be a number"),
+    ({"output_cv2": -1}, "sweep.output_cv2 must be a finite number >= 0"),
+    ({"output_cv2": "wide"}, "sweep.output_cv2 must be"),
 ])
 def test_bad_specs_name_the_key(table, match):
     with pytest.raises(ValueError, match=match):
@@ -369,6 +371,23 @@ def test_runtime_settings_reach_the_kernel(tmp_path, reference):
                and r["tput_per_chip_total"])
     assert not any(r["feasible"] == "true" and float(r["concurrency"]) > 2 * int(r["chips"])
                    for r in capped)
+
+
+def test_output_spread_reaches_the_kernel(tmp_path, reference):
+    """`output_cv2` (alias `output_spread`): every point's running batch holds longer
+    contexts, so wherever both sweeps run a point in full (feasible) the spread one is less
+    interactive (queued points run fewer sequences in a smaller batch that fits); the
+    spec's digest (what `--resume` checks) tells the two apart."""
+    spec = small(output_spread=1.5)
+    assert spec.output_cv2 == 1.5 and spec.digest() != small().digest()
+    path = str(tmp_path / "spread.csv")
+    run_sweep(spec, path, size=SMALL_CHUNK, progress=False)
+    base, spread = read_csv(reference[0]), read_csv(path)
+    assert [r["concurrency"] for r in base] == [r["concurrency"] for r in spread]
+    pairs = [(float(a["interactivity"]), float(b["interactivity"]))
+             for a, b in zip(base, spread, strict=True)
+             if a["feasible"] == b["feasible"] == "true"]
+    assert pairs and all(b < a for a, b in pairs)
 
 
 def test_one_trace_per_model_and_chip(tmp_path, monkeypatch):

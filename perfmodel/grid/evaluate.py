@@ -31,6 +31,7 @@ from ..compiled import filter_jit
 from ..design import LayoutNumbers
 from ..serving import FIT_FIELDS
 from ..sweep import point_row
+from ..workload import Workload
 from .expand import Chunk, Grid, Group
 from .shard import Placement
 
@@ -44,13 +45,13 @@ QUEUES = "queues: concurrency per replica exceeds the batch that fits (or runtim
 NOT_FINITE = "non-finite prediction"
 
 
-def _kernel(points, model, chip, runtime, precisions, columns):
+def _kernel(points, model, chip, runtime, precisions, shape, columns):
     def one(p):
         prec = jax.tree.map(lambda x: x[p["precision"]], precisions)
         layout = LayoutNumbers(tp=p["tp"], ep=p["ep"], pp=p["pp"], replicas=p["replicas"],
                                dp_attention=p["dpa"])
         row = point_row(model, chip, runtime, prec, layout, p["concurrency"], p["isl"],
-                        p["osl"])
+                        p["osl"], shape)
         return {key: row[key] for key in columns}
 
     return jax.vmap(one)(points)
@@ -149,7 +150,10 @@ def launch(grid: Grid, chunks: list[Chunk], placement: Placement, size: int,
                        for k, v in inputs.items()})
     blocks += [blocks[-1]] * (placement.count - len(blocks))
     padded = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
-    specs = (group.model, group.chip, group.runtime, stack(group))
+    # The spec's output spread as a workload shape (`sweep.point_row`; each point keeps
+    # its own lengths, so these two are placeholders).
+    shape = Workload(1.0, 2.0, output_cv2=grid.spec.output_cv2)
+    specs = (group.model, group.chip, group.runtime, stack(group), shape)
     if placement.count == 1:
         out = _one_device_jit(padded, specs, wanted)
     else:

@@ -11,6 +11,7 @@
     precision = "default"      # or a list of weight formats such as ["fp4", "fp8"]
     metrics = ["tput_per_chip", "interactivity", "ttft_s", "tpot_s", "power_w"]
     runtime = { step_overhead = 0.002, max_running = 256 }   # optional engine settings
+    output_cv2 = 0.0           # optional: Var/mean^2 of the output lengths
 
 Every numeric axis (`chip_counts`, `isl`, `osl`, `concurrency`) is a number, a list, or a
 range table `{start, stop, num, scale}` (`scale` "linear" or "log", both ends included;
@@ -48,7 +49,7 @@ KEYS = {"models": ("model",), "chips": ("chip",), "chip_counts": ("chip_count", 
         "isl": ("input_len",), "osl": ("output_len",), "concurrency": ("concurrencies",),
         "layouts": ("layout",), "precision": ("precisions", "formats"),
         "metrics": ("metric",), "emulate": (), "allow_long_context": (),
-        "runtime": ("engine",)}
+        "runtime": ("engine",), "output_cv2": ("output_spread",)}
 
 #: Largest number of values a range table may ask for on one axis.
 MAX_AXIS = 10_000_000
@@ -74,6 +75,8 @@ class SweepSpec:
         runtime: (field, value) pairs replacing numbers of each chip's serving runtime
             (`sweep.default_runtime`, a `design.Runtime`: step_overhead in s,
             memory_fraction, max_running, ...), in the units of those fields.
+        output_cv2: Var/mean^2 of the output lengths of every point (dimensionless, >= 0;
+            `Workload.output_cv2`: a spread lengthens the running batch's mean context).
     """
 
     models: tuple[str, ...]
@@ -88,6 +91,7 @@ class SweepSpec:
     emulate: bool = False
     allow_long_context: bool = False
     runtime: tuple[tuple[str, float], ...] = ()
+    output_cv2: float = 0.0
 
     def digest(self) -> str:
         """A hash of everything that decides the rows (what `--resume` checks)."""
@@ -228,7 +232,13 @@ def from_dict(data: dict) -> SweepSpec:
     for key in ("emulate", "allow_long_context"):
         if not isinstance(found.get(key, False), bool):
             raise ValueError(f"sweep.{key} must be true or false, got {found[key]!r}")
+    spread = found.get("output_cv2", 0.0)
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) \
+            or not math.isfinite(spread) or spread < 0:
+        raise ValueError(f"sweep.output_cv2 must be a finite number >= 0 (Var/mean^2 of the "
+                         f"output lengths), got {spread!r}")
     return SweepSpec(
+        output_cv2=float(spread),
         runtime=runtime_settings(found.get("runtime", {})),
         models=_names(found["models"], "models"), chips=_names(found["chips"], "chips"),
         chip_counts=tuple(int(c) for c in axis(found["chip_counts"], "chip_counts",
