@@ -242,30 +242,21 @@ def gemm_fractions(path=DATA / "benchmarks_aic_gemm.csv",
 
 def gemm_ratios(path=DATA / "benchmarks_aic_gemm.csv",
                 chips=("b200", "gb200", "b300", "gb300", "h100", "h200")) -> str:
-    """Each narrow format's GEMM time over BF16's at the same large shape (m >= 4096, n, k
-    >= 8192; median over the shapes), measured and as the shipped fit predicts it
-    (`calibration.gemm_time`), with the format ceiling c the measured ratio implies alone
-    (a class k times BF16's peak at k (1 + c) / (k + c) times its rate:
-    `hardware.Efficiency.format_ceiling`)."""
-    from perfmodel.calibration import gemm_time
+    """Each narrow format's GEMM time over BF16's at the same large shapes, measured and as
+    the shipped fit predicts it (`calibration.format_ratio`), with the format ceiling c the
+    measured ratio implies alone (a class k times BF16's peak at k (1 + c) / (k + c) times
+    its rate: `hardware.Efficiency.format_ceiling`)."""
+    from perfmodel.calibration import format_ratio
 
-    seconds = {(s["chip"], s["dtype"], s["m"], s["n"], s["k"]): s["seconds"]
-               for s in datasets.load_gemm(path)}
+    samples = datasets.load_gemm(path)
     out = []
     for name in chips:
         chip = get_chip(name)
         peaks = dict(zip(COMPUTE_CLASSES, np.asarray(chip.peak_flops), strict=True))
         for dtype in ("fp8", "nvfp4"):
-            shapes = [key[2:] for key in seconds if key[:2] == (name, dtype)
-                      and key[2] >= 4096 and min(key[3:]) >= 8192
-                      and (name, "bfloat16", *key[2:]) in seconds]
-            if not shapes:
+            measured, predicted = format_ratio(chip, samples, dtype)
+            if not math.isfinite(measured):
                 continue
-            measured = float(np.median([seconds[(name, dtype, *x)]
-                                        / seconds[(name, "bfloat16", *x)] for x in shapes]))
-            m, n, k = (np.array([x[i] for x in shapes]) for i in range(3))
-            predicted = float(np.median(np.asarray(gemm_time(chip, m, n, k, dtype))
-                                        / np.asarray(gemm_time(chip, m, n, k, "bfloat16"))))
             times = peaks[datasets.GEMM_DTYPES[dtype][2]] / peaks["bf16"]
             speedup = 1.0 / measured
             implied = times * (speedup - 1.0) / (times - speedup)

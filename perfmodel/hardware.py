@@ -60,11 +60,11 @@ class Efficiency(eqx.Module):
     staging, scale factors, epilogues), so a class with k times BF16's peak runs at
     k (1 + c) / (k + c) times BF16's rate (`class_peaks`; BF16 keeps its peak, and
     `compute_max` stays the fraction of it a large BF16 matmul reaches). aiconfigurator's
-    GEMM timings (`benchmarks_aic_gemm.csv`, m >= 4096, n, k >= 8192, median achieved over
-    peak) show the pattern: B200 BF16 0.66, FP8 0.57, NVFP4 0.39 of their peaks; B300, whose
-    FP4 peak is 6.2x its BF16 one against B200's 4x, NVFP4 0.31; H200 BF16 0.78, FP8 0.65
-    (`tests/test_roofline.py` checks the fitted ratios against these timings). Default 4 (the
-    calibration's prior; it fits one per family)."""
+    GEMM timings (`benchmarks_aic_gemm.csv`; medians of large GEMMs over their peak, printed
+    by `python calibration/trtllm_check.py`) show the pattern: B200 BF16 68 %, FP8 52 %,
+    NVFP4 34 %; B300, whose FP4 peak is 6.2x its BF16 one against B200's 4x, NVFP4 26 %;
+    H200 BF16 77 %, FP8 58 % (`tests/test_roofline.py` checks the fitted ratios against
+    these timings). Default 4 (the calibration's prior; it fits one per family)."""
 
     def __check_init__(self):
         check(self, {"compute_max": FRACTION, "compute_rows_half": POSITIVE,

@@ -308,10 +308,13 @@ def _mix(mix, per_class, unrolled: bool = True):
     return functools.reduce(operator.add, terms)
 
 
-def _peak(op: Operator, chip: Chip, unrolled: bool = True):
+def _peak(op: Operator, chip: Chip, unrolled: bool = True, class_peaks=None):
     """Peak FLOP/s of the operator's compute mix on `chip` (`_mix`), each class's peak
-    under the chip's format ceiling (`Efficiency.class_peaks`)."""
-    return _mix(op.compute_mix, chip.efficiency.class_peaks(chip.peak_flops), unrolled)
+    under the chip's format ceiling (`Efficiency.class_peaks`; `class_peaks`, when given,
+    is that, computed once for a step's operators)."""
+    if class_peaks is None:
+        class_peaks = chip.efficiency.class_peaks(chip.peak_flops)
+    return _mix(op.compute_mix, class_peaks, unrolled)
 
 
 def _energy_per_flop(op: Operator, chip: Chip, unrolled: bool = True):
@@ -356,11 +359,12 @@ def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Desi
 
 
 def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip,
-                  sharpness=DEFAULT_SHARPNESS, hard: bool = False):
+                  sharpness=DEFAULT_SHARPNESS, hard: bool = False, peak=None):
     """Seconds of one operator on one chip: smooth max of compute, memory and slice-fabric
-    time, plus per-kernel overhead. Returns (seconds, slice-fabric bytes)."""
+    time, plus per-kernel overhead. Returns (seconds, slice-fabric bytes). `peak` (FLOP/s),
+    when given, is the operator's peak (`_peak`), computed by the caller."""
     return _operator_time(op, op.name == "attention", design.mapping.weight_class(op.name),
-                          chip, design, decode_seqs_per_chip, sharpness, hard)
+                          chip, design, decode_seqs_per_chip, sharpness, hard, peak)
 
 
 def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutNumbers,
@@ -396,6 +400,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / branch(
         layout.dp_attention, lambda: layout.tp, lambda: 1)
     runtime = design.runtime
+    # Each class's peak under the format ceiling, once for all of the step's operators.
+    class_peaks = chip.efficiency.class_peaks(chip.peak_flops)
     # Routed experts run at the runtime's expert efficiency; every kernel (collectives
     # included) at its kernel efficiency.
     if vectorize:
@@ -414,7 +420,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         # (see `optimize._block`).
         weight_maps = jnp.stack(jnp.broadcast_arrays(
             *[design.mapping.weight_class(op.name) for op in ops]))
-        peaks = jnp.stack(jnp.broadcast_arrays(*[_peak(op, chip, False) for op in ops]))
+        peaks = jnp.stack(jnp.broadcast_arrays(*[_peak(op, chip, False, class_peaks)
+                                                 for op in ops]))
         per_flop = jnp.stack(jnp.broadcast_arrays(
             *[_energy_per_flop(op, chip, False) for op in ops]))
         t, energy, flops, hbm_bytes = jax.vmap(one)(stack_operators(ops), kinds[:, 0],
@@ -423,7 +430,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         energy, flops, hbm_bytes = (jnp.sum(x, axis=0) for x in (energy, flops, hbm_bytes))
     else:
         times = tuple(
-            operator_time(op, chip, design, seqs_per_chip, sharpness, hard)[0]
+            operator_time(op, chip, design, seqs_per_chip, sharpness, hard,
+                          _peak(op, chip, class_peaks=class_peaks))[0]
             / (runtime.expert_efficiency if op.name == "experts" else 1.0)
             / runtime.kernel_efficiency for op in ops)
         operators_time = sum(times)

@@ -374,13 +374,8 @@ def point_row(model: Model, chip: Chip, runtime: Runtime, prec: Precision,
     design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime,
                     mapping=SliceMapping(), speculative=SpecDecode())
     design = eqx.tree_at(lambda d: d.concurrency, design, concurrency)
-    if shape is None:
-        workload = Workload(input_len, output_len)
-    else:
-        workload = Workload(input_len, output_len, input_range_ratio=shape.input_range_ratio,
-                            output_range_ratio=shape.output_range_ratio,
-                            first_wave_fraction=shape.first_wave_fraction,
-                            output_cv2=shape.output_cv2)
+    workload = Workload(input_len, output_len) if shape is None \
+        else shape.closed_loop(input_len, output_len)
     return predict(model, chip, workload, design, hard=True, check=False,
                    unfit="value").to_row()
 

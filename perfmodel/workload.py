@@ -77,3 +77,18 @@ class Workload(eqx.Module):
             (5502, 2743)
         """
         return self.mean_input_len + self.mean_output_len * (1.0 + self.output_cv2) / 2.0
+
+    def closed_loop(self, input_len, output_len) -> Workload:
+        """This workload's shape (length ranges, first wave, output spread) at other lengths
+        (tokens), closed-loop (no `request_rate`): one point of a sweep.
+
+        Example:
+            >>> w = Workload(800, 3886, 1.0, 1.0, output_cv2=1.42, request_rate=2.0)
+            >>> p = w.closed_loop(1024, 256)
+            >>> float(p.output_cv2), p.request_rate, float(p.input_len)
+            (1.42, None, 1024.0)
+        """
+        return Workload(input_len, output_len, input_range_ratio=self.input_range_ratio,
+                        output_range_ratio=self.output_range_ratio,
+                        first_wave_fraction=self.first_wave_fraction,
+                        output_cv2=self.output_cv2)

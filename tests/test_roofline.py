@@ -236,22 +236,14 @@ def test_format_ceiling_bounds_narrow_formats():
 
 
 def _gemm_ratios(chip, dtype):
-    """Median over the large GEMMs of aiconfigurator's table (m >= 4096, n, k >= 8192) of
-    the time in `dtype` over the time in BF16 at the same shape: (measured, predicted)."""
+    """(measured, predicted) time of `dtype` over BF16 at the large GEMM shapes of
+    aiconfigurator's table (`calibration.format_ratio`)."""
     from perfmodel import datasets
-    from perfmodel.calibration import gemm_time
+    from perfmodel.calibration import format_ratio
 
     samples = datasets.load_gemm(pathlib.Path(__file__).parents[1] / "calibration" / "data"
                                  / "benchmarks_aic_gemm.csv")
-    seconds = {(s["chip"], s["dtype"], s["m"], s["n"], s["k"]): s["seconds"] for s in samples}
-    shapes = [key[2:] for key in seconds if key[:2] == (chip.name, dtype) and key[2] >= 4096
-              and min(key[3:]) >= 8192 and (chip.name, "bfloat16", *key[2:]) in seconds]
-    measured = [seconds[(chip.name, dtype, *s)] / seconds[(chip.name, "bfloat16", *s)]
-                for s in shapes]
-    m, n, k = (np.array([s[i] for s in shapes]) for i in range(3))
-    predicted = np.asarray(gemm_time(chip, m, n, k, dtype)) / np.asarray(
-        gemm_time(chip, m, n, k, "bfloat16"))
-    return float(np.median(measured)), float(np.median(predicted))
+    return format_ratio(chip, samples, dtype)
 
 
 @pytest.mark.parametrize("name, dtype", [("b200", "nvfp4"), ("b300", "nvfp4"),
@@ -261,8 +253,8 @@ def test_fit_orders_the_formats_as_the_gemm_timings_do(name, dtype):
     narrow format's time over BF16's at the same shape is never below the pure GEMMs' and
     at most 1.3x it (the fit, from end-to-end rows too, puts narrow formats 5-26 % slower
     than the GEMM timings alone). Every class at its full peak (no format ceiling) misses
-    NVFP4 by 35-55 %, too fast: B300's FP4 peak is 6.2x its BF16 one, but its NVFP4 GEMMs
-    run 2.8x as fast as BF16 ones."""
+    NVFP4 by more than 30 %, too fast: B300's FP4 peak is 6.2x its BF16 one, but its NVFP4
+    GEMMs run under 3x as fast as BF16 ones."""
     import equinox as eqx
     import jax.numpy as jnp
 

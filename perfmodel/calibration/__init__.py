@@ -21,6 +21,7 @@ from .latency import (
     EndToEnd,
     OpTimings,
     Prior,
+    format_ratio,
     gemm_time,
     huber_loss,
     huber_residuals,
@@ -57,7 +58,8 @@ __all__ = [
     "POOLED", "PREDICTION_KEYS", "AbstractBlock", "Batch", "Calibration", "EndToEnd", "Group",
     "LatencyFit", "OpTimings", "Params", "Prior", "batches", "build_groups", "calibrate",
     "devices_placement", "family_values", "fit", "framework_rows", "framework_values",
-    "from_json", "gemm_time", "huber_loss", "huber_residuals", "linearize", "model_of",
+    "format_ratio", "from_json", "gemm_time", "huber_loss", "huber_residuals", "linearize",
+    "model_of",
     "outputs", "predict_rows", "prior_row", "resolve_family", "resolve_framework",
     "row_inputs", "row_metrics", "rowwise_jacobian", "to_json", "with_family",
 ]

@@ -240,6 +240,32 @@ def gemm_time(chip: Chip, m, n, k, dtype: str | Sequence[str]):
     return t.reshape(m.shape)
 
 
+def format_ratio(chip: Chip, samples: Sequence[dict], dtype: str) -> tuple[float, float]:
+    """A narrow format's GEMM time over BF16's at the same large shapes (m >= 4096, n, k >=
+    8192) of `samples` on `chip` (`datasets.load_gemm` dicts; median over the shapes):
+    (measured, predicted by `gemm_time`), or (nan, nan) where no shape has both.
+
+    Example:
+        >>> chip = get_chip("b200", calibrated=False)
+        >>> rows = [dict(chip="b200", dtype=d, m=8192.0, n=8192.0, k=8192.0, seconds=s)
+        ...         for d, s in (("bfloat16", 1.0), ("nvfp4", 0.4))]
+        >>> measured, predicted = format_ratio(chip, rows, "nvfp4")
+        >>> measured, bool(0.25 < predicted < 1.0)
+        (0.4, True)
+    """
+    seconds = {(x["chip"], x["dtype"], x["m"], x["n"], x["k"]): x["seconds"] for x in samples}
+    shapes = [key[2:] for key in seconds if key[:2] == (chip.name, dtype) and key[2] >= 4096
+              and min(key[3:]) >= 8192 and (chip.name, "bfloat16", *key[2:]) in seconds]
+    if not shapes:
+        return math.nan, math.nan
+    measured = [seconds[(chip.name, dtype, *x)] / seconds[(chip.name, "bfloat16", *x)]
+                for x in shapes]
+    m, n, k = (np.array([x[i] for x in shapes]) for i in range(3))
+    predicted = np.asarray(gemm_time(chip, m, n, k, dtype)) / np.asarray(
+        gemm_time(chip, m, n, k, "bfloat16"))
+    return float(np.median(measured)), float(np.median(predicted))
+
+
 def _dtype_numbers(dtype: str):
     wb, ab, cls = GEMM_DTYPES[dtype]
     return wb, ab, np.array([1.0 if c == cls else 0.0 for c in COMPUTE_CLASSES])
