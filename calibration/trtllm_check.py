@@ -1,25 +1,24 @@
-"""TensorRT-LLM Offline throughput check: `python calibration/trtllm_check.py` (about
-2 minutes on 2 cores). Writes `trtllm_check.json` (every row with its prediction), the
+"""TensorRT-LLM Offline throughput check: `python calibration/trtllm_check.py` (a few
+minutes on 2 cores). Writes `trtllm_check.json` (every row with its prediction), the
 TRTLLM block of `calibration/README.md` and its parity plot `docs/trtllm_offline.png`.
 
 NVIDIA's published `trtllm-bench` throughput tables (`data/benchmarks_trtllm.csv`, table
-"throughput", the ~v1.0 perf-overview: total output tokens/s of the whole TP group at an
-infinite request rate, fixed input and output lengths) are an Offline capacity
-measurement on the same software as the MLPerf TensorRT rows, for models and formats the
-fit never saw (Llama-3.1-8B, Llama-3.3-70B, Llama-3.1-405B, Llama 4, Qwen3, in FP8 and
-FP4). Each row is predicted as MLPerf Offline is (`perfmodel.mlperf`): the table's own
-layout (tp, pp, ep; DP attention off), TensorRT-LLM's fitted runtime, the best output
-throughput over batches that fit in memory and within the batch cap and tokens per step
-that trtllm-bench builds its engine with (`engine_limits`; `--no-engine-limits` prints
-the figures without them and writes nothing unless given `--json`). Nothing here is fitted
-and no measured column is read before the comparison.
+"throughput": output tokens/s of the whole TP group at an infinite request rate, fixed
+input and output lengths) are an Offline capacity measurement on the same software as
+the MLPerf TensorRT rows, for models, formats and chips the fit never saw: the ~v1.0
+perf-overview (Llama-3.1-8B, Llama-3.3-70B, Llama-3.1-405B, Llama 4, Qwen3 in FP8 and FP4
+on H100, H200, B200, GB200) and the v0.17 one (Llama-3.1, Mixtral in FP8 on H100, H200,
+GH200 and L40S, in FP16 on A100; see `TABLES` for its metric). Each row is predicted as
+MLPerf Offline is (`perfmodel.mlperf`): the table's own layout (tp, pp, ep; DP attention
+off), TensorRT-LLM's fitted runtime, the best output throughput over batches that fit in
+memory and within the batch cap and tokens per step that trtllm-bench builds its engine
+with (`engine_limits`, the same rules assumed for v0.17; `--no-engine-limits` prints the
+figures without them and writes nothing unless given `--json`). Nothing here is fitted and
+no measured column is read before the comparison.
 
 `bench_rows` gives the same rows as fit rows (`datasets.BenchRow`), which
 `python calibration/validate.py --trtllm` adds to every fit as an experiment (not the
 shipped fit; calibration/README.md).
-
-The v0.17 table is left out: its note says it is UNCERTAIN whether it counts output or
-input plus output tokens.
 """
 
 from __future__ import annotations
@@ -48,34 +47,62 @@ from perfmodel.sweep import batch_that_fits  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 DATA = HERE / "data"
-#: The table's model names -> presets.
+#: The tables' model names -> presets (Llama-3.3-70B runs as the llama-3.1-70b preset: the
+#: same architecture; the v0.17 table's Mistral 7B has no preset and is left out).
 MODELS = {"Llama 3.1 8B": "llama-3.1-8b", "Llama 3.3 70B": "llama-3.1-70b",
           "Llama 3.1 405B": "llama-3.1-405b", "Llama 4 Scout": "llama-4-scout",
           "Llama 4 Maverick": "llama-4-maverick", "Qwen3-235B-A22B": "qwen3-235b-a22b",
-          "Qwen3-30B-A3B": "qwen3-30b-a3b"}
-#: The table's systems -> presets (one GPU of each).
+          "Qwen3-30B-A3B": "qwen3-30b-a3b", "LLaMA v3.1 8B": "llama-3.1-8b",
+          "LLaMA v3.1 70B": "llama-3.1-70b", "LLaMA v3.1 405B": "llama-3.1-405b",
+          "Mixtral 8x7B": "mixtral-8x7b", "Mixtral 8x22B": "mixtral-8x22b"}
+#: The tables' systems -> presets (one GPU of each).
 CHIPS = {"B200 180GB (DGX B200)": "b200", "GB200 192GB (GB200 NVL72)": "gb200",
-         "H100 SXM 80GB (DGX H100)": "h100", "H200 SXM 141GB (DGX H200)": "h200"}
+         "H100 SXM 80GB (DGX H100)": "h100", "H200 SXM 141GB (DGX H200)": "h200",
+         "H100 80GB HBM3": "h100", "H200 141GB HBM3": "h200", "GH200 480GB": "gh200",
+         "A100-SXM4-80GB": "a100-80gb", "L40S": "l40s"}
+#: The throughput tables read (`doc_version`, `metric`): perf-overview ~v1.0 (output
+#: tokens/s of the group) and v0.17, whose metric the data file marks UNCERTAIN (output, or
+#: input plus output tokens?). It is output tokens/s: at the 18 configurations both tables
+#: hold for H100 (Llama-3.1-8B and 70B, FP8, same TP), v0.17 reads 0.93-1.04x of ~v1.0's
+#: output tokens/s, where input plus output would read (ISL + OSL) / OSL = 1.03-17x
+#: (`metric_check`).
+TABLES = {"~v1.0": ("perf-overview ~v1.0", "output_tok_s_total"),
+          "v0.17": ("perf-overview v0.17", "tok_s_total_group")}
 
 
-def load_rows(path=DATA / "benchmarks_trtllm.csv") -> list[dict]:
-    """The ~v1.0 Offline rows: model, chip, tp, pp, ep, precision, isl, osl and the
-    measured output tokens/s per GPU."""
+def load_rows(path=DATA / "benchmarks_trtllm.csv", tables=tuple(TABLES)) -> list[dict]:
+    """The Offline rows of `tables` (keys of `TABLES`) whose model and system have presets:
+    table, model, chip, tp, pp, ep, precision, isl, osl and the measured output tokens/s
+    per GPU."""
+    wanted = {TABLES[t]: t for t in tables}
     out = []
     with open(path, newline="") as handle:
         for line, raw in enumerate(csv.DictReader(handle), start=2):
-            if raw["table"] != "throughput" or raw["metric"] != "output_tok_s_total":
+            table = wanted.get((raw["doc_version"], raw["metric"]))
+            if raw["table"] != "throughput" or table is None:
                 continue
             if raw["model"] not in MODELS or raw["hardware"] not in CHIPS:
                 continue
             gpus = int(raw["num_gpus"])
-            out.append(dict(line=line, model=MODELS[raw["model"]], chip=CHIPS[raw["hardware"]],
-                            tp=int(raw["tp"]), pp=int(raw["pp"] or 1),
-                            ep=int(raw["ep"] or 1), gpus=gpus,
+            out.append(dict(line=line, table=table, model=MODELS[raw["model"]],
+                            chip=CHIPS[raw["hardware"]], tp=int(raw["tp"]),
+                            pp=int(raw["pp"] or 1), ep=int(raw["ep"] or 1), gpus=gpus,
                             precision=raw["precision"].lower(), isl=float(raw["isl"]),
-                            osl=float(raw["osl"]),
-                            measured=float(raw["value"]) / gpus))
+                            osl=float(raw["osl"]), measured=float(raw["value"]) / gpus))
     return out
+
+
+def metric_check(rows=None) -> list[tuple]:
+    """(model, tp, isl, osl, v0.17 / ~v1.0) at every H100 configuration both tables hold:
+    about 1 if v0.17 counts output tokens, (ISL + OSL) / OSL if it counts both."""
+    rows = load_rows() if rows is None else rows
+    h100 = {}
+    for r in rows:
+        if r["chip"] == "h100":
+            key = (r["model"], r["tp"], r["precision"], r["isl"], r["osl"])
+            h100.setdefault(key, {})[r["table"]] = r["measured"]
+    return [(k[0], k[1], k[3], k[4], v["v0.17"] / v["~v1.0"])
+            for k, v in sorted(h100.items()) if len(v) == 2]
 
 
 #: trtllm-bench's bytes per weight and per KV value by quantization (its
@@ -191,7 +218,8 @@ def predict_row(row: dict, engine: bool = True) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Median ratio and median |error| overall and per (model, chip, precision)."""
+    """Median ratio and median |error| overall, per table, per (table, chip) and per
+    (table, model, chip, precision)."""
     ok = [r for r in rows if np.isfinite(r["predicted"])]
 
     def stats(group):
@@ -199,22 +227,36 @@ def summarize(rows: list[dict]) -> dict:
         return {"n": len(group), "median_ratio": float(np.median(ratio)),
                 "median_error": float(np.median(np.abs(ratio - 1.0)))}
 
-    groups = {}
-    for r in ok:
-        groups.setdefault((r["model"], r["chip"], r["precision"]), []).append(r)
+    def by(key):
+        groups = {}
+        for r in ok:
+            groups.setdefault(key(r), []).append(r)
+        return sorted(groups.items())
+
     return {"all": stats(ok), "not_predicted": len(rows) - len(ok),
-            "groups": [{"model": k[0], "chip": k[1], "precision": k[2], **stats(v)}
-                       for k, v in sorted(groups.items())]}
+            "tables": [{"table": k, **stats(v)} for k, v in by(lambda r: r["table"])],
+            "chips": [{"table": k[0], "chip": k[1], **stats(v)}
+                      for k, v in by(lambda r: (r["table"], r["chip"]))],
+            "groups": [{"table": k[0], "model": k[1], "chip": k[2], "precision": k[3],
+                        **stats(v)}
+                       for k, v in by(lambda r: (r["table"], r["model"], r["chip"],
+                                                 r["precision"]))]}
 
 
 def table(summary: dict) -> str:
-    lines = ["| model | chip | format | rows | median ratio | median error |",
-             "| --- | --- | --- | ---: | ---: | ---: |"]
+    lines = ["| table | model | chip | format | rows | median ratio | median error |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: |"]
     for g in summary["groups"]:
-        lines.append(f"| {g['model']} | {g['chip']} | {g['precision']} | {g['n']} | "
+        lines.append(f"| {g['table']} | {g['model']} | {g['chip']} | {g['precision']} | "
+                     f"{g['n']} | {g['median_ratio']:.2f} | {100 * g['median_error']:.1f} % |")
+    for g in summary["chips"]:
+        lines.append(f"| {g['table']} | **all** | {g['chip']} | | {g['n']} | "
                      f"{g['median_ratio']:.2f} | {100 * g['median_error']:.1f} % |")
+    for g in summary["tables"]:
+        lines.append(f"| **{g['table']}** | | | | {g['n']} | {g['median_ratio']:.2f} | "
+                     f"{100 * g['median_error']:.1f} % |")
     a = summary["all"]
-    lines.append(f"| **all** | | | {a['n']} | {a['median_ratio']:.2f} | "
+    lines.append(f"| **all** | | | | {a['n']} | {a['median_ratio']:.2f} | "
                  f"{100 * a['median_error']:.1f} % |")
     return "\n".join(lines)
 
@@ -287,7 +329,7 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     for k in (0.8, 1.25):
         ax.plot([low, high], [k * low, k * high], "k:", lw=0.6)
     ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high),
-           xlabel="measured output tokens/s per GPU (trtllm-bench, ~v1.0 tables)",
+           xlabel="measured output tokens/s per GPU (trtllm-bench, ~v1.0 and v0.17 tables)",
            ylabel="predicted", title="TensorRT-LLM Offline tables (never fitted)")
     ax.legend(fontsize=6, loc="upper left", ncol=2)
     save(figure, str(path))
@@ -310,10 +352,14 @@ def main(argv=None) -> int:
     summary = summarize(rows)
     limits = ("within trtllm-bench's engine limits (`engine_limits`)" if engine
               else "batches up to what fits, no engine limits")
-    text = (f"TensorRT-LLM perf-overview (~v1.0) Offline rows, shipped fit, never fitted "
-            f"(`python calibration/trtllm_check.py`, {time.time() - start:.0f} s), "
+    ratios = [r[-1] for r in metric_check(rows)]
+    text = (f"TensorRT-LLM perf-overview Offline rows (~v1.0 and v0.17), shipped fit, never "
+            f"fitted (`python calibration/trtllm_check.py`, {time.time() - start:.0f} s), "
             f"{limits}: output tokens/s per GPU, predicted over measured, {len(rows)} rows "
-            f"({summary['not_predicted']} not predicted).\n\n{table(summary)}\n\n"
+            f"({summary['not_predicted']} not predicted). The v0.17 table counts output "
+            f"tokens: at the {len(ratios)} H100 configurations both tables hold it reads "
+            f"{min(ratios):.2f}-{max(ratios):.2f}x of ~v1.0's output tokens/s (`metric_check`)."
+            f"\n\n{table(summary)}\n\n"
             f"Measured fraction of peak of large GEMMs (m >= 2048, n = k = 4096 or 16,384; "
             f"`benchmarks_aic_gemm.csv`, the latency fit's op-level data): "
             f"{gemm_fractions()}.\n\nNarrow formats' time over BF16's at the same large GEMM "

@@ -12,15 +12,34 @@ sys.path.insert(0, str(ROOT / "calibration"))
 import trtllm_check  # noqa: E402
 
 
-def test_rows_are_the_offline_output_table_per_gpu():
+def test_rows_are_the_offline_output_tables_per_gpu():
     rows = trtllm_check.load_rows()
-    assert len(rows) == 210
-    assert {r["chip"] for r in rows} == {"b200", "gb200", "h100", "h200"}
+    new = [r for r in rows if r["table"] == "~v1.0"]
+    old = [r for r in rows if r["table"] == "v0.17"]
+    assert len(new) == 210 and len(old) == 328   # v0.17's 27 Mistral 7B rows: no preset
+    assert {r["chip"] for r in new} == {"b200", "gb200", "h100", "h200"}
+    assert {r["chip"] for r in old} == {"a100-80gb", "gh200", "h100", "h200", "l40s"}
     assert all(r["measured"] > 0 and r["tp"] * r["pp"] == r["gpus"] for r in rows)
-    # Llama-3.1-8B FP8 on one H200, 128/128: the table's 27,911 tokens/s of one GPU.
-    one = [r for r in rows if r["model"] == "llama-3.1-8b" and r["chip"] == "h200"
+    # Llama-3.1-8B FP8 on one H200, 128/128: the ~v1.0 table's 27,911 tokens/s of one GPU.
+    one = [r for r in new if r["model"] == "llama-3.1-8b" and r["chip"] == "h200"
            and r["isl"] == 128 and r["osl"] == 128]
     assert [r["measured"] for r in one] == [27911.0]
+    # Llama-3.1-70B FP8 on L40S, TP4, 128/128: v0.17's 1,523.52 tokens/s of the group.
+    four = [r for r in old if r["model"] == "llama-3.1-70b" and r["chip"] == "l40s"
+            and r["tp"] == 4 and r["isl"] == 128 and r["osl"] == 128]
+    assert [r["measured"] for r in four] == [pytest.approx(1523.52 / 4)]
+    assert trtllm_check.load_rows(tables=("~v1.0",)) == new
+
+
+def test_the_v017_table_counts_output_tokens():
+    """Where both tables measured the same H100 configuration, v0.17 agrees with ~v1.0's
+    output tokens/s; had it counted input tokens too it would read (ISL + OSL) / OSL times
+    more (up to 17x at 2048/128)."""
+    checks = trtllm_check.metric_check()
+    assert len(checks) == 18
+    assert {c[0] for c in checks} == {"llama-3.1-8b", "llama-3.1-70b"}
+    assert all(0.9 < c[-1] < 1.1 for c in checks)
+    assert max((isl + osl) / osl for _, _, isl, osl, _ in checks) > 10
 
 
 def test_gemm_fractions_are_below_peak_and_narrow_formats_reach_less():
@@ -63,7 +82,7 @@ def _fit_row():
 
 
 def test_bench_rows_carry_the_engine_and_the_total_throughput():
-    rows = trtllm_check.load_rows()
+    rows = trtllm_check.load_rows(tables=("~v1.0",))
     fit_rows = trtllm_check.bench_rows(rows)
     assert len(fit_rows) == sum(r["pp"] == 1 for r in rows)
     assert len({r.index for r in fit_rows}) == len(fit_rows)
