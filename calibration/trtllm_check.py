@@ -160,7 +160,7 @@ def _engine(row: dict, engine: bool = True, calibrated: bool = True):
         runtime = eqx.tree_at(lambda r: r.max_batched_tokens, runtime,
                               jnp.asarray(float(tokens)))
     layout = Layout(tp=row["tp"], pp=row["pp"], ep=row["ep"])
-    context = float(mlperf.fixed_lengths(row["isl"], row["osl"]).decode_context)
+    context = float(runtime.kv_context(mlperf.fixed_lengths(row["isl"], row["osl"])))
     fit = min(batch_that_fits(model, chip, prec, runtime, layout, context), cap)
     return model, chip, prec, runtime, layout, fit
 

@@ -262,6 +262,16 @@ def launch(engine: str, design: dict, model, chip: Chip,
     if dpa:
         notes.append(f"DP attention: {tp} ranks per instance, each scheduling up to "
                      f"{per_scheduler} requests")
+    # The engine reads the memory fraction by its own rule (`Runtime.fraction_of_free`):
+    # say so where the prediction sized the KV cache by the other one.
+    engine_of_free = engine == "trtllm"
+    if bool(float(runtime.fraction_of_free) >= 0.5) != engine_of_free:
+        notes.append(f"memory fraction {float(runtime.memory_fraction):g}: predicted as a "
+                     f"fraction of {'the free' if not engine_of_free else 'all'} memory, "
+                     f"which {engine} reads as a fraction of "
+                     f"{'the free' if engine_of_free else 'all'} memory: the KV cache it "
+                     "allocates differs from the prediction's (predict with the engine's "
+                     "own runtime, `fitted.runtime_for`)")
     cap = design.get("power_cap_w")
     if cap is not None and cap < float(chip.tdp) - 0.5:
         tool = "nvidia-smi -pl" if vendor == "NVIDIA" else "rocm-smi --setpoweroverdrive"

@@ -453,7 +453,25 @@ class Runtime(eqx.Module):
     max_batched_tokens: jnp.ndarray = eqx.field(converter=as_number, default=8192.0)
     """Prefill chunk: tokens one step may carry (vLLM max_num_batched_tokens) (tokens)."""
     memory_fraction: jnp.ndarray = eqx.field(converter=as_number, default=0.9)
-    """Fraction of HBM the engine may use (vLLM gpu_memory_utilization)."""
+    """Fraction of memory the engine may use: of the whole HBM (vLLM
+    `gpu_memory_utilization`, SGLang `mem_fraction_static`) or, with `fraction_of_free`,
+    of what the weights and the activation reserve leave (TensorRT-LLM
+    `free_gpu_memory_fraction`) (dimensionless)."""
+    fraction_of_free: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """What `memory_fraction` is a fraction of: 0 the whole HBM, where the KV cache gets
+    `capacity x fraction - weights - reserve` (vLLM, SGLang); 1 the memory left after the
+    weights and activations, where it gets `(capacity - weights - reserve) x fraction`
+    (TensorRT-LLM: "90% of free GPU memory for KV cache", its KV cache configuration
+    guide, nvidia.github.io/TensorRT-LLM/examples/kvcacheconfig.html). A number, not a
+    static choice, so rows of different engines share one compiled fit; values between
+    blend the two linearly (dimensionless)."""
+    reserve_output: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """How much of each request's output the KV cache reserves at admission: 0 for engines
+    that allocate KV blocks as tokens are made (vLLM, SGLang; a running request holds its
+    current context), 1 for TensorRT-LLM's default GUARANTEED_NO_EVICT capacity policy
+    (a request is admitted only when its whole prompt and output fit, so each holds prompt
+    + output; `CapacitySchedulerPolicy`, TensorRT-LLM's scheduler configuration). Sizes the
+    batch that fits (`kv_context`), not the attention (dimensionless)."""
     activation_reserve: jnp.ndarray = eqx.field(converter=as_number, default=4e9)
     """HBM reserved for activations, CUDA graphs and workspace (bytes)."""
     max_running: jnp.ndarray = eqx.field(converter=as_number, default=jnp.inf)
@@ -492,7 +510,23 @@ class Runtime(eqx.Module):
                      "max_batched_tokens": Range(low=1.0),
                      "max_running": Range(low=1.0, infinite=True),
                      "memory_fraction": FRACTION, "expert_efficiency": FRACTION,
+                     "fraction_of_free": UNIT_INTERVAL, "reserve_output": UNIT_INTERVAL,
                      "kernel_efficiency": FRACTION, "pipeline_overlap": UNIT_INTERVAL})
+
+    def kv_context(self, workload) -> jnp.ndarray:
+        """Tokens of KV cache each running sequence holds, which sizes the batch that fits:
+        the workload's mean decode context (prompt plus half the output, length-biased),
+        and with `reserve_output` the rest of the output reserved too (prompt plus the
+        whole length-biased output) (tokens).
+
+        Example:
+            >>> from perfmodel.workload import Workload
+            >>> w = Workload(1000, 1000, 1.0, 1.0)
+            >>> float(Runtime().kv_context(w)), float(Runtime(reserve_output=1.0).kv_context(w))
+            (1500.0, 2000.0)
+        """
+        context = workload.decode_context
+        return context + self.reserve_output * (context - workload.mean_input_len)
 
 
 class Design(eqx.Module):

@@ -191,22 +191,35 @@ def profile_activation_bytes(model: Model, layout: Layout | LayoutNumbers,
     return xp.maximum(layer, head)
 
 
-def kv_capacity_per_chip(chip_capacity, weight_bytes, memory_fraction, activation_reserve):
-    """HBM bytes left for KV cache on a chip (may be negative: the model does not fit)."""
-    return chip_capacity * memory_fraction - weight_bytes - activation_reserve
+def kv_capacity_per_chip(chip_capacity, weight_bytes, memory_fraction, activation_reserve,
+                         fraction_of_free=0.0):
+    """HBM bytes left for KV cache on a chip (may be negative: the model does not fit):
+    `memory_fraction` of the whole memory less the weights and the reserve, or, with
+    `fraction_of_free` 1, of what they leave (`design.Runtime.fraction_of_free`).
+
+    Example:
+        >>> kv_capacity_per_chip(80e9, 60e9, 0.9, 4e9) / 1e9        # vLLM: 72 - 64
+        8.0
+        >>> kv_capacity_per_chip(80e9, 60e9, 0.9, 4e9, 1.0) / 1e9   # TensorRT-LLM: 0.9 x 16
+        14.4
+    """
+    of_total = chip_capacity * memory_fraction - weight_bytes - activation_reserve
+    of_free = (chip_capacity - weight_bytes - activation_reserve) * memory_fraction
+    return of_total + fraction_of_free * (of_free - of_total)
 
 
 def max_batch(model: Model, layout: Layout | LayoutNumbers, precision: Precision,
               chip_capacity, context,
               memory_fraction=0.9, activation_reserve=4e9, mapping: SliceMapping | None = None,
-              num_slices=1.0):
+              num_slices=1.0, fraction_of_free=0.0):
     """Largest number of running sequences per instance whose KV cache fits (float).
 
     Sequences are counted at `context` tokens each. Non-positive when the weights alone do
     not fit.
     """
     weights = weight_bytes_per_chip(model, layout, precision, mapping, num_slices)
-    free = kv_capacity_per_chip(chip_capacity, weights, memory_fraction, activation_reserve)
+    free = kv_capacity_per_chip(chip_capacity, weights, memory_fraction, activation_reserve,
+                                fraction_of_free)
     per_seq = kv_bytes_per_request(model, context, precision.kv_bytes) \
         * kv_fraction_per_chip(model, layout)
     if mapping is not None:

@@ -37,7 +37,13 @@ from .architecture import Model
 from .checks import error_if
 from .design import Design, Disaggregated, Layout, LayoutNumbers
 from .hardware import Chip
-from .kvcache import kv_bytes_per_request, kv_transfer_fraction, max_batch, weight_bytes_per_chip
+from .kvcache import (
+    kv_bytes_per_request,
+    kv_capacity_per_chip,
+    kv_transfer_fraction,
+    max_batch,
+    weight_bytes_per_chip,
+)
 from .power import apply_power_cap, average_power, dynamic_energy
 from .roofline import step_cost
 from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
@@ -185,12 +191,17 @@ def _in_flight(layout, runtime):
 def _memory(model, chip, design, layout, context, sharpness):
     rt = design.runtime
     fit = max_batch(model, layout, design.precision, chip.hbm_capacity, context,
-                    rt.memory_fraction, rt.activation_reserve, design.mapping, chip.num_slices)
+                    rt.memory_fraction, rt.activation_reserve, design.mapping, chip.num_slices,
+                    rt.fraction_of_free)
     weights = weight_bytes_per_chip(model, layout, design.precision, design.mapping,
                                     chip.num_slices)
     usable = chip.hbm_capacity * rt.memory_fraction
     one_seq = kv_bytes_per_request(model, context, design.precision.kv_bytes) / layout.pp
-    excess = (weights + rt.activation_reserve + one_seq) / usable - 1.0
+    # One sequence's KV beyond what the KV cache gets, over the usable memory: with the
+    # whole-memory rule, (weights + reserve + one sequence) / usable - 1.
+    kv = kv_capacity_per_chip(chip.hbm_capacity, weights, rt.memory_fraction,
+                              rt.activation_reserve, rt.fraction_of_free)
+    excess = (one_seq - kv) / usable
     return fit, excess, soft_penalty(excess, sharpness)
 
 
@@ -201,7 +212,8 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     tau = spec.tokens_per_step
     per_instance = concurrency / layout.replicas
     context = workload.decode_context
-    fit, excess, penalty = _memory(model, chip, design, layout, context, sharpness)
+    fit, excess, penalty = _memory(model, chip, design, layout, rt.kv_context(workload),
+                                   sharpness)
     running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,
                          sharpness=sharpness, hard=hard)
     micro = running / _in_flight(layout, rt)
@@ -268,7 +280,8 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     tau = spec.tokens_per_step
     dec, pre = layout.decode, layout.prefill
     context = workload.decode_context
-    fit, excess, penalty = _memory(model, chip, design, dec, context, sharpness)
+    fit, excess, penalty = _memory(model, chip, design, dec, rt.kv_context(workload),
+                                   sharpness)
     _, _, pre_penalty = _memory(model, chip, design, pre, I, sharpness)
     per_instance = concurrency / dec.replicas
     running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,

@@ -119,9 +119,9 @@ def _as_precision(chip: Chip, model: Model, fmt: Precision | str | None) -> Prec
     return precision(chip, model, fmt if fmt is not None else default_precision(chip, model))
 
 
-def _context(workload: Workload) -> float:
-    # The context serving.predict sizes the KV cache at (`Workload.decode_context`).
-    return float(on_host(workload).decode_context)
+def _context(workload: Workload, runtime: Runtime) -> float:
+    # The context serving.predict sizes the KV cache at (`Runtime.kv_context`).
+    return float(on_host(runtime).kv_context(on_host(workload)))
 
 
 def _check_lengths(isl, osl):
@@ -134,7 +134,7 @@ def _memory_key(chip: Chip, prec: Precision, runtime: Runtime) -> tuple[float, .
     # The numbers the batch that fits depends on, as a hashable key (concrete specs only).
     return tuple(float(x) for x in (chip.hbm_capacity, chip.num_slices, prec.weight_bytes,
                                     prec.expert_bytes, prec.kv_bytes, runtime.memory_fraction,
-                                    runtime.activation_reserve))
+                                    runtime.activation_reserve, runtime.fraction_of_free))
 
 
 class _Bytes(NamedTuple):
@@ -150,10 +150,10 @@ def _fit(model: Model, key: tuple[float, ...], tp: int, ep: int, pp: int, dpa: b
          context: float) -> float:
     # On host numbers (a static layout, floats): no eager jax.numpy operation, each of which
     # would be a compiled program of its own.
-    capacity, slices, weight, expert, kv, fraction, reserve = key
+    capacity, slices, weight, expert, kv, fraction, reserve, of_free = key
     layout = Layout(tp=tp, ep=ep, pp=pp, dp_attention=dpa)
     return float(max_batch(model, layout, _Bytes(weight, expert, kv), capacity, context,
-                           fraction, reserve, None, slices))
+                           fraction, reserve, None, slices, of_free))
 
 
 def batch_that_fits(model, chip, prec, runtime, layout, context) -> float:
@@ -214,7 +214,7 @@ def candidate_layouts(model: Model | str, chip: Chip | str, chips: int,
     workload = workload if workload is not None else Workload(8192, 1024)
     prec = _as_precision(chip, model, precision)
     runtime = runtime if runtime is not None else default_runtime(chip)
-    context = _context(workload)
+    context = _context(workload, runtime)
     found = []
     for tp, ep, dpa in layout_shapes(model, chip):
         if tp > chips:
@@ -265,7 +265,7 @@ def auto_chips(model: Model | str, chip: Chip | str, precision: Precision | str 
     workload = Workload(float(isl), float(osl))
     prec = _as_precision(chip, model, precision)
     runtime = default_runtime(chip)
-    context = _context(workload)
+    context = _context(workload, runtime)
     best, best_chips = 0.0, None
     chips = 1
     while chips <= max_chips:
@@ -458,7 +458,7 @@ def sweep(model: Model | str, chip: Chip | str, workload: Workload | None = None
             need = ""
         raise ValueError(f"{model.name} ({'/'.join(prec.names)}) does not fit in {chips} "
                          f"{chip.name} chip(s) at ISL {isl:g} / OSL {osl:g}{need}")
-    context = _context(workload)
+    context = _context(workload, runtime)
     per_replica = [_layout_grid(model, chip, prec, runtime, layout, grid, context)
                    for layout in layouts]
     sizes = [len(c) for c, _ in per_replica]

@@ -60,6 +60,23 @@ def test_layouts_as_each_engine_expresses_them():
     assert any("nvidia-smi -pl 600" in n for n in capped.notes)
 
 
+def test_a_memory_fraction_read_by_another_rule_is_flagged():
+    """TensorRT-LLM's KV fraction is of the free memory, vLLM's of all of it
+    (`Runtime.fraction_of_free`): a launch whose prediction used the other rule says so."""
+    from perfmodel.design import Runtime
+
+    model, chip = get_model("llama-3.1-70b"), get_chip("h200")
+    design = _design("tp8", weights="bf16", experts="bf16", kv="fp8")
+
+    def flagged(engine, runtime):
+        run = deploy.launch(engine, design, model, chip, runtime=runtime)
+        return any("memory fraction" in n for n in run.notes)
+
+    trt = Runtime(fraction_of_free=1.0, reserve_output=1.0)
+    assert flagged("trtllm", Runtime()) and not flagged("trtllm", trt)
+    assert flagged("vllm", trt) and not flagged("vllm", Runtime())
+
+
 @pytest.mark.parametrize("engine, design, model, chip, words", [
     ("vllm", _design("tp8"), "deepseek-r1", "jalapeno", ("does not run on jalapeno",)),
     ("trtllm", _design("tp8"), "deepseek-r1", "mi355x", ("does not run", "NVIDIA")),

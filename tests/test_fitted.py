@@ -87,6 +87,19 @@ def test_framework_terms():
         fitted.runtime_for("vllm", step_overheads=1.0)
 
 
+
+def test_each_engine_sizes_its_kv_cache_by_its_own_rules():
+    """The shipped file carries each engine's documented memory rules with its fitted
+    terms: TensorRT-LLM's KV fraction is of the free memory and its default admission
+    reserves the whole output; vLLM's and SGLang's are neither (`Runtime.fraction_of_free`,
+    `Runtime.reserve_output`)."""
+    for name in ("trt", "dynamo-trt", "trtllm-bench"):
+        rt = fitted.runtime_for(name)
+        assert float(rt.fraction_of_free) == 1.0 and float(rt.reserve_output) == 1.0, name
+    for name in ("vllm", "sglang", "dynamo-sglang", "atom"):
+        rt = fitted.runtime_for(name)
+        assert float(rt.fraction_of_free) == 0.0 and float(rt.reserve_output) == 0.0, name
+
 def test_write_read_round_trip(tmp_path):
     import numpy as np
     path = tmp_path / "fit.json"

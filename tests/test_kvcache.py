@@ -3,6 +3,7 @@ scaling book's figures, linearity in context, and the batch that fits."""
 
 from __future__ import annotations
 
+import equinox as eqx
 import numpy as np
 import pytest
 from hypothesis import given
@@ -104,6 +105,44 @@ def test_max_batch_by_hand():
         got = float(pm.max_batch(model, layout, prec, chip.hbm_capacity, context))
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
+
+
+def test_tensorrt_llm_memory_rules_by_hand():
+    """TensorRT-LLM: 0.9 of the memory the weights and activations leave (not of the whole)
+    goes to KV, and each request reserves its whole output at admission. Llama-3.1-70B in
+    FP16 on two A100 80GB (TP2, the v0.17 trtllm-bench rows): 70.6 GB of weights per chip
+    leave vLLM's rule 2.8 GB of KV, TensorRT-LLM's 10.1 GB."""
+    model, chip = pm.get_model("llama-3.1-70b"), pm.get_chip("a100-80gb")
+    prec = pm.precision(chip, model, "fp16")
+    layout = pm.Layout(tp=2)
+    capacity, weights = float(chip.hbm_capacity), model.total_params * 2 / 2
+    per_token = 2 * 80 * 8 * 128 * 2 / 2   # K and V, 80 layers, 8 KV heads of 128, TP2
+    workload = pm.Workload(128, 2048, 1.0, 1.0)
+    vllm, trt = pm.Runtime(), pm.Runtime(fraction_of_free=1.0, reserve_output=1.0)
+    assert float(vllm.kv_context(workload)) == 128 + 1024
+    assert float(trt.kv_context(workload)) == 128 + 2048
+    for rt, kv in ((vllm, 0.9 * capacity - weights - 4e9), (trt, 0.9 * (capacity - weights - 4e9))):
+        want = kv / (per_token * float(rt.kv_context(workload)))
+        got = float(pm.max_batch(model, layout, prec, capacity, rt.kv_context(workload),
+                                 rt.memory_fraction, rt.activation_reserve,
+                                 fraction_of_free=rt.fraction_of_free))
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    # predict sizes the batch with the same rules, and says where one sequence stops fitting.
+    for rt in (vllm, trt):
+        design = pm.Design(concurrency=512.0, layout=layout, precision=prec, runtime=rt)
+        m = pm.predict(model, chip, workload, design, check=False)
+        want = pm.max_batch(model, layout, prec, capacity, rt.kv_context(workload),
+                            rt.memory_fraction, rt.activation_reserve,
+                            fraction_of_free=rt.fraction_of_free)
+        assert float(m.max_batch) == pytest.approx(float(want), rel=1e-9)
+    # A reserve that leaves vLLM's rule 1,400 tokens of KV: one 1,500-token sequence does
+    # not fit; from the free memory it does.
+    tight = pm.Runtime(activation_reserve=capacity * 0.9 - weights - per_token * 1400)
+    free = eqx.tree_at(lambda r: r.fraction_of_free, tight, 1.0)
+    for rt, fits in ((tight, False), (free, True)):
+        design = pm.Design(concurrency=1.0, layout=layout, precision=prec, runtime=rt)
+        m = pm.predict(model, chip, pm.Workload(1000, 1000, 1.0, 1.0), design, check=False)
+        assert (float(m.memory_excess) <= 0.0) == fits
 
 def test_kv_sharding_rules():
     """GQA heads split over min(tp, K) chips; MLA's latent has no head axis (replicated under

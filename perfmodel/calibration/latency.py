@@ -163,7 +163,7 @@ def rowwise_jacobian(f: Callable) -> Callable:
 
 def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_raw, isl,
                 osl, conc, draft, reserve, range_ratio=0.8, first_wave=0.1, budget=8192.0,
-                vectorize: bool = False) -> Metrics:
+                of_free=0.0, reserve_output=0.0, vectorize: bool = False) -> Metrics:
     """Metrics of benchmark rows (arrays broadcast together) under given parameters.
 
     Args:
@@ -175,11 +175,14 @@ def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_
         range_ratio, first_wave: per-row `Workload.input_range_ratio` (and output) and
             `Workload.first_wave_fraction` (InferenceMAX's 0.8 and 0.1 by default).
         budget: per-row token budget per step (`Runtime.max_batched_tokens`; tokens).
+        of_free, reserve_output: per-row `Runtime.fraction_of_free` and
+            `Runtime.reserve_output` (the engine's memory rules).
         vectorize: as `serving.predict` (same numbers; a smaller program).
     """
     chip = with_family(chip, family_raw)
     runtime = Runtime(**framework_values(framework_raw), activation_reserve=reserve,
-                      max_batched_tokens=budget)
+                      max_batched_tokens=budget, fraction_of_free=of_free,
+                      reserve_output=reserve_output)
     spec = SpecDecode(draft_tokens=draft, acceptance=MTP_ACCEPTANCE)
     design = eqx.tree_at(lambda d: (d.concurrency, d.speculative, d.runtime), design,
                          (conc, spec, runtime))

@@ -60,10 +60,15 @@ _COLLECTIVE = {"collective_efficiency": "efficiency", "collective_latency": "lat
 #: Runtime settings that are documented, not fitted. SGLang's `mem_fraction_static` (0.8-0.9)
 #: covers weights and the KV pool only; activations and CUDA graphs live in the rest, so no
 #: activation reserve comes out of the fraction (vLLM's gpu_memory_utilization includes its
-#: profiled activation peak, hence the 4 GB default reserve there).
+#: profiled activation peak, hence the 4 GB default reserve there). TensorRT-LLM's
+#: `free_gpu_memory_fraction` (0.9) is a fraction of the memory the weights and activations
+#: leave, not of the whole (`design.Runtime.fraction_of_free`), and its default capacity
+#: policy (GUARANTEED_NO_EVICT) reserves each request's whole output (`reserve_output`).
+_TRT = {"fraction_of_free": 1.0, "reserve_output": 1.0}
 FRAMEWORK_SETTINGS = {"sglang": {"activation_reserve": 0.0},
                       "dynamo-sglang": {"activation_reserve": 0.0},
-                      "sglang-disagg": {"activation_reserve": 0.0}}
+                      "sglang-disagg": {"activation_reserve": 0.0},
+                      "trt": _TRT, "dynamo-trt": _TRT, "trtllm-bench": _TRT}
 
 #: Families without data use another's fitted parameters (documented in calibration/).
 FAMILY_FALLBACK = {"rubin": "blackwell", "jalapeno": "blackwell", "tpu": "blackwell",

@@ -200,4 +200,5 @@ def engine_kv_blocks(model: Model, chip: Chip, design: Design, block_size=16.0):
     rt = design.runtime
     return jnp.floor(max_batch(model, design.layout, design.precision, chip.hbm_capacity,
                                jnp.asarray(block_size, dtype=float), rt.memory_fraction,
-                               rt.activation_reserve, design.mapping, chip.num_slices))
+                               rt.activation_reserve, design.mapping, chip.num_slices,
+                               rt.fraction_of_free))

@@ -131,9 +131,9 @@ def replica_metrics(model_name: str, single: LayoutNumbers, concurrency, chip: C
     layout and the concurrency)."""
     model = get_model(model_name)
     prec = precision(chip, model, "fp4")
-    context = workload.decode_context
+    context = runtime.kv_context(workload)
     fit = max_batch(model, single, prec, chip.hbm_capacity, context, runtime.memory_fraction,
-                    runtime.activation_reserve, None, chip.num_slices)
+                    runtime.activation_reserve, None, chip.num_slices, runtime.fraction_of_free)
     conc = smooth_min(jnp.maximum(fit, 1.0), concurrency)
     design = Design(concurrency=conc, layout=single, precision=prec, runtime=runtime)
     return predict(model, chip, workload, design, check=False, unfit="value", vectorize=True)
