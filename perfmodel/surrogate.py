@@ -25,9 +25,11 @@ one is built from textbook pieces and measured against the simulator in
 
    a fixed point in (b, T) (Little's law: each request decodes O - 1 steps), solved by
    damped iteration (`optimistix.fixed_point`; gradients by the implicit function theorem).
-   S = min(`max_num_seqs`, kv_blocks x block_size / (I + O/2 + block_size/2)) is the seats
-   the engine can hold (a running request holds on average the blocks of I + O/2 tokens
-   plus half a block of rounding); caps are `smooth_min`.
+   S = min(`max_num_seqs`, kv_blocks x block_size / (I + (1 + r) O/2 + block_size/2)) is
+   the seats the engine can hold (a running request holds on average the blocks of
+   I + O/2 tokens plus half a block of rounding, and the share r = `Policy.output_reserve`
+   of its remaining O/2 that admission reserved: SGLang's ratio, 1 for TensorRT-LLM's
+   GUARANTEED_NO_EVICT); caps are `smooth_min`.
 2. **Own prefill.** A request's prompt takes k = I / c steps (>= 1, as c <= I); each
    carries its chunk c and the chunks that arrived with it, Poisson with mean n_c
    (variance c_a^2 n_c for a renewal process), beside b' decodes, b' = b +- sqrt(c_a^2 b)
@@ -293,7 +295,8 @@ def estimate(model: Model, chip: Chip, design: Design, policy: Policy, load: Loa
     bs = policy.block_size
     kv_blocks = jnp.where(jnp.isinf(policy.kv_blocks),
                           engine_kv_blocks(model, chip, design, bs), policy.kv_blocks) - 1.0
-    seats = smooth_min(policy.max_num_seqs, kv_blocks * bs / (I + O / 2.0 + bs / 2.0),
+    held = I + (1.0 + policy.output_reserve) * O / 2.0 + bs / 2.0
+    seats = smooth_min(policy.max_num_seqs, kv_blocks * bs / held,
                        sharpness=sharpness)
     budget = policy.max_num_batched_tokens
     steps = _step_times(model, chip, design, I + O / 2.0, I, hard, vectorize)

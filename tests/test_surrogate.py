@@ -170,3 +170,17 @@ def test_agrees_with_the_simulator_at_moderate_load(capacity):
     np.testing.assert_allclose(e.ttft.p99, s.ttft.p99, rtol=0.3)
     np.testing.assert_allclose(e.tpot.p99, s.tpot.p99, rtol=0.2)
     np.testing.assert_allclose(e.tpot.p50, s.tpot.p50, rtol=0.1)
+
+
+@pytest.mark.slow   # compiles the surrogate
+def test_seats_count_the_output_that_admission_reserves():
+    """A running request holds I + O/2 tokens of KV on average, and an engine that
+    reserves a share r of each request's output at admission (SGLang's ratio, 1 for
+    TensorRT-LLM's GUARANTEED_NO_EVICT) holds r O/2 more: the seats are the engine's
+    blocks over that (max_num_seqs far above them)."""
+    for reserve in (0.0, 0.7, 1.0):
+        policy = sim.Policy(max_num_seqs=10_000, max_num_batched_tokens=2048,
+                            kv_blocks=4001.0, block_size=16, output_reserve=reserve)
+        e = _estimate(policy, 0.01)
+        want = 4000 * 16 / (ISL + (1 + reserve) * OSL / 2 + 8)
+        np.testing.assert_allclose(float(e.seats), want, rtol=1e-6)
