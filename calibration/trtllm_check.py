@@ -146,12 +146,17 @@ def _kv(chip) -> str | None:
     return "fp8" if "fp8" in chip.native_classes else None
 
 
-def _engine(row: dict, engine: bool = True, calibrated: bool = True):
+def _engine(row: dict, engine: bool = True, calibrated: bool = True,
+            attention_max: float | None = None):
     """(model, chip, precision, runtime, layout, batch that fits) of a row as trtllm-bench
     runs it: TensorRT-LLM's fitted runtime, the table's layout, and, with `engine`, the
     batch cap and tokens per step of `engine_limits`; the batch is what fits beside the
     weights at the fixed lengths' decode context (`Workload.decode_context`), capped."""
     model, chip = get_model(row["model"]), get_chip(row["chip"], calibrated=calibrated)
+    if attention_max is not None:   # an experiment: every attention kernel's efficiency
+        value = jnp.asarray(float(attention_max))
+        chip = eqx.tree_at(lambda c: (c.efficiency.attention_max,
+                                      c.efficiency.full_attention_max), chip, (value, value))
     prec = precision(chip, model, row["precision"], kv=_kv(chip))
     runtime = fitted.runtime_for("trtllm-bench")
     cap = math.inf
@@ -199,11 +204,12 @@ def bench_rows(rows: list[dict]) -> list[datasets.BenchRow]:
     return out
 
 
-def predict_row(row: dict, engine: bool = True) -> dict:
+def predict_row(row: dict, engine: bool = True, attention_max: float | None = None) -> dict:
     """Best output tokens/s per GPU of the row's layout over batches that fit (and, with
     `engine`, within `engine_limits`: the batch cap and the tokens per step), with the
     batch that reaches it; `error` when it does not fit."""
-    model, chip, prec, runtime, layout, fit = _engine(row, engine=engine)
+    model, chip, prec, runtime, layout, fit = _engine(row, engine=engine,
+                                                      attention_max=attention_max)
     if fit < 1.0:
         return {"predicted": math.nan, "batch": math.nan,
                 "error": "weights and one sequence do not fit"}
@@ -235,6 +241,8 @@ def summarize(rows: list[dict]) -> dict:
 
     return {"all": stats(ok), "not_predicted": len(rows) - len(ok),
             "tables": [{"table": k, **stats(v)} for k, v in by(lambda r: r["table"])],
+            "shapes": [{"isl": k[0], "osl": k[1], **stats(v)}
+                       for k, v in by(lambda r: (r["isl"], r["osl"]))],
             "chips": [{"table": k[0], "chip": k[1], **stats(v)}
                       for k, v in by(lambda r: (r["table"], r["chip"]))],
             "groups": [{"table": k[0], "model": k[1], "chip": k[2], "precision": k[3],
@@ -258,6 +266,10 @@ def table(summary: dict) -> str:
     a = summary["all"]
     lines.append(f"| **all** | | | | {a['n']} | {a['median_ratio']:.2f} | "
                  f"{100 * a['median_error']:.1f} % |")
+    lines += ["", "By input / output length, both tables:", "",
+              "| ISL / OSL | rows | median ratio | median error |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {g['isl']:.0f} / {g['osl']:.0f} | {g['n']} | {g['median_ratio']:.2f} | "
+              f"{100 * g['median_error']:.1f} % |" for g in summary["shapes"]]
     return "\n".join(lines)
 
 
@@ -343,18 +355,25 @@ def main(argv=None) -> int:
     parser.add_argument("--no-engine-limits", action="store_true",
                         help="batches up to what fits in memory, no trtllm-bench batch cap "
                              "and the runtime's own tokens per step")
+    parser.add_argument("--attention-max", type=float, default=None, metavar="FRACTION",
+                        help="an experiment: every attention kernel's efficiency "
+                             "(`hardware.Efficiency.attention_max` and `full_attention_max`) "
+                             "set to FRACTION; prints, and writes only to --json")
     parser.add_argument("--no-readme", action="store_true",
                         help="print the table without rewriting calibration/README.md")
     args = parser.parse_args(argv)
     start = time.time()
     engine = not args.no_engine_limits
-    rows = [dict(r, **predict_row(r, engine)) for r in load_rows()]
+    experiment = args.attention_max is not None
+    rows = [dict(r, **predict_row(r, engine, args.attention_max)) for r in load_rows()]
     summary = summarize(rows)
     limits = ("within trtllm-bench's engine limits (`engine_limits`)" if engine
               else "batches up to what fits, no engine limits")
     ratios = [r[-1] for r in metric_check(rows)]
     text = (f"TensorRT-LLM perf-overview Offline rows (~v1.0 and v0.17), shipped fit, never "
             f"fitted (`python calibration/trtllm_check.py`, {time.time() - start:.0f} s), "
+            + (f"every attention kernel's efficiency set to {args.attention_max:g} (an "
+               f"experiment, `--attention-max`), " if experiment else "") +
             f"{limits}: output tokens/s per GPU, predicted over measured, {len(rows)} rows "
             f"({summary['not_predicted']} not predicted). The v0.17 table counts output "
             f"tokens: at the {len(ratios)} H100 configurations both tables hold it reads "
@@ -366,11 +385,11 @@ def main(argv=None) -> int:
             f"shapes (m >= 4096, n, k >= 8192), measured and as the shipped fit predicts it: "
             f"{gemm_ratios()}.\n\n![TensorRT-LLM Offline parity](../docs/trtllm_offline.png)")
     print(text)
-    out = args.json or (HERE / "trtllm_check.json" if engine else None)
+    out = args.json or (HERE / "trtllm_check.json" if engine and not experiment else None)
     if out is not None:
         out.write_text(json.dumps({"summary": summary, "rows": rows, "engine_limits": engine},
                                   indent=1))
-    if not args.no_readme and engine:
+    if not args.no_readme and engine and not experiment:
         plot(rows, HERE.parent / "docs" / "trtllm_offline.png")
         sys.path.insert(0, str(HERE))
         from validate import replace_section

@@ -52,7 +52,19 @@ class Efficiency(eqx.Module):
     kernel_overhead: jnp.ndarray = eqx.field(converter=as_number, default=2e-6)
     """Launch, ramp and tail time per kernel (s)."""
     attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
-    """Fraction of peak FLOP/s attention kernels reach (dimensionless, (0, 1])."""
+    """Fraction of peak FLOP/s the attention kernels of MLA and windowed models reach
+    (DeepSeek-V3/R1 and Kimi; gpt-oss's sliding windows with sinks): the ones the latency
+    fit measures, on InferenceMAX's DeepSeek-R1 and gpt-oss rows (dimensionless, (0, 1])."""
+    full_attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
+    """Fraction of peak FLOP/s the attention kernels of full (unwindowed) GQA/MHA models
+    reach (Llama, Qwen, Mixtral: FlashAttention's kernels). Not fitted (no InferenceMAX row
+    serves such a model), set from the papers: FlashAttention-2 reaches 50-73 % of A100's
+    peak in the forward pass (Dao, 2023) and FlashAttention-3 75 % of H100's (Shah et al.,
+    2024); serving runs variable-length, paged kernels over shorter sequences, so the lower
+    end, 0.5. `attention_max`, fitted, does not transfer: at Hopper's 0.07 the TensorRT-LLM
+    tables' Llama rows ran slower the longer their prompts (median 0.71x at 20,000/2,000
+    tokens; `python calibration/trtllm_check.py --attention-max 0.0662`)
+    (dimensionless, (0, 1])."""
     format_ceiling: jnp.ndarray = eqx.field(converter=as_number, default=4.0)
     """A ceiling on a tensor-core kernel's FLOP/s that does not grow with the number
     format, as a multiple of the chip's BF16 peak (dimensionless, > 0; inf: none). Narrow
@@ -70,6 +82,7 @@ class Efficiency(eqx.Module):
         check(self, {"compute_max": FRACTION, "compute_rows_half": POSITIVE,
                      "bandwidth_max": FRACTION, "memory_latency": NON_NEGATIVE,
                      "kernel_overhead": NON_NEGATIVE, "attention_max": FRACTION,
+                     "full_attention_max": FRACTION,
                      "format_ceiling": Range(low=0.0, low_open=True, infinite=True)})
 
     def class_peaks(self, peak_flops):

@@ -20,7 +20,7 @@ from .design import Design, Layout
 from .formats import COMPUTE_CLASSES
 from .hardware import Chip
 from .kvcache import kv_bytes_per_request
-from .roofline import operator_time, operators
+from .roofline import attention_kernels, operator_time, operators
 
 _PHASE_MARKERS = {"prefill": "o", "decode": "s"}
 
@@ -97,6 +97,7 @@ def roofline_points(model: Model, chip: Chip, design: Design, decode_seqs, decod
     ops = operators(model, chip, design, layout, decode_seqs, decode_context, prefill_tokens,
                     prefill_context, prefill_seqs)
     per_chip = jnp.asarray(decode_seqs, dtype=float) / (layout.tp if layout.dp_attention else 1)
+    chip = attention_kernels(model, chip)   # as `step_cost` times the model's attention
     out = []
     for op in ops:
         flops, moved = float(op.flops), float(op.hbm_bytes)

@@ -322,6 +322,27 @@ def _energy_per_flop(op: Operator, chip: Chip, unrolled: bool = True):
     return _mix(op.compute_mix, chip.energy.per_flop, unrolled)
 
 
+def attention_kernels(model: Model, chip: Chip) -> Chip:
+    """`chip` with the attention efficiency of `model`'s kernels as `attention_max`: the
+    fitted one for MLA and windowed attention (`Efficiency.attention_max`), FlashAttention's
+    for full GQA/MHA (`Efficiency.full_attention_max`).
+
+    Example:
+        >>> from perfmodel.presets import get_chip, get_model
+        >>> h100 = get_chip("h100")
+        >>> full = attention_kernels(get_model("llama-3.1-8b"), h100).efficiency
+        >>> mla = attention_kernels(get_model("deepseek-r1"), h100).efficiency
+        >>> float(full.attention_max) == float(h100.efficiency.full_attention_max)
+        True
+        >>> float(mla.attention_max) == float(h100.efficiency.attention_max)
+        True
+    """
+    if model.attention == "mla" or model.num_sliding_layers:
+        return chip
+    return eqx.tree_at(lambda c: c.efficiency.attention_max, chip,
+                       chip.efficiency.full_attention_max)
+
+
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
                    decode_seqs_per_chip, sharpness, hard, peak=None):
     """`operator_time` with the operator's kind given as data, `attention` (bool) and the
@@ -397,6 +418,7 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     """
     ops = operators(model, chip, design, layout, decode_seqs, decode_context,
                     prefill_tokens, prefill_context, prefill_seqs)
+    chip = attention_kernels(model, chip)
     seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / branch(
         layout.dp_attention, lambda: layout.tp, lambda: 1)
     runtime = design.runtime

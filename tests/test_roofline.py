@@ -134,6 +134,40 @@ def test_prefill_is_compute_bound_and_decode_memory_bound():
             assert float(op.flops / peak) > 2 * float(op.hbm_bytes / bandwidth), op.name
 
 
+
+def test_each_model_runs_its_own_attention_kernels():
+    """Full GQA attention (Llama) runs at FlashAttention's `full_attention_max`, MLA
+    (DeepSeek-R1) and windowed attention (gpt-oss) at the fitted `attention_max`: a prefill
+    step's attention time follows its own field and ignores the other, and compute-bound
+    full attention takes FLOPs / (peak x full_attention_max)."""
+    import equinox as eqx
+
+    chip = pm.get_chip("h100")
+
+    def attention_time(name, **efficiency):
+        model = pm.get_model(name)
+        c = eqx.tree_at(lambda x: tuple(getattr(x.efficiency, k) for k in efficiency), chip,
+                        tuple(efficiency.values()))
+        design = pm.Design(concurrency=1.0, layout=pm.Layout(tp=8),
+                           precision=pm.precision(c, model))
+        cost = pm.step_cost(model, c, design, design.layout, 0.0, 0.0, 8192.0, 4096.0, 1.0,
+                            hard=True)
+        ops = pm.operators(model, c, design, design.layout, 0.0, 0.0, 8192.0, 4096.0, 1.0)
+        i = OPERATOR_NAMES.index("attention")
+        return float(cost.operator_times[i]), ops[i], c
+
+    for name, own, other in (("llama-3.1-70b", "full_attention_max", "attention_max"),
+                             ("deepseek-r1", "attention_max", "full_attention_max"),
+                             ("gpt-oss-120b", "attention_max", "full_attention_max")):
+        base = attention_time(name, **{own: 0.5, other: 0.5})[0]
+        assert attention_time(name, **{own: 0.25, other: 0.5})[0] > 1.5 * base, name
+        assert attention_time(name, **{own: 0.5, other: 0.05})[0] == pytest.approx(
+            base, rel=1e-12), name
+    t, op, c = attention_time("llama-3.1-70b", full_attention_max=0.5)
+    peak = float(c.efficiency.class_peaks(c.peak_flops)[COMPUTE_CLASSES.index("bf16")])
+    assert t >= float(op.flops) / (peak * 0.5)
+    assert t == pytest.approx(float(op.flops) / (peak * 0.5), rel=0.05)
+
 @pytest.mark.parametrize("tp, ep", [(8, 4), (8, 8), (8, 1), (4, 2)])
 def test_link_bytes_count_every_collective(tp, ep):
     """DP attention on DeepSeek-R1: the bytes a chip sends in a step are the ring volumes

@@ -447,6 +447,10 @@ def _recorded_specs():
     chip = fitted.apply(pm.get_chip("h100", calibrated=False), latency=latency, power=power)
     # That fit predates `Efficiency.format_ceiling`: every class ran at its full peak.
     chip = eqx.tree_at(lambda c: c.efficiency.format_ceiling, chip, jnp.asarray(jnp.inf))
+    # It also predates `Efficiency.full_attention_max`: every model's attention ran at the
+    # fitted `attention_max`.
+    chip = eqx.tree_at(lambda c: c.efficiency.full_attention_max, chip,
+                       chip.efficiency.attention_max)
     runtime = pm.Runtime(framework="vllm", **fitted.runtime_terms(
         "vllm", chip.family, latency=latency, power=power))
     return chip, pm.Design(concurrency=1.0, layout=pm.Layout(tp=1),
