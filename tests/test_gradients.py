@@ -151,6 +151,8 @@ def test_gradient_signs(name):
     # Under a binding power cap, a higher TDP buys speed and is spent as power.
     capped = _elasticities(name, "power_capped")
     # Below the cap the smooth max still passes a gradient of about r^p to the cap term,
-    # where r = (dynamic power) / (TDP - idle): 0.013 at r = 0.83 with p = 24.
-    assert abs(d["tdp"][tpot]) < 5e-2
+    # where r = (a step's dynamic power) / (TDP - idle): 0.013 at r = 0.83 with p = 24. The
+    # pipeline case's compute-bound prefill steps run closest to the cap (-0.074 nominal,
+    # -0.62 capped, when written), so the bound leaves room for them.
+    assert abs(d["tdp"][tpot]) < 0.1
     assert capped["tdp"][tpot] < -0.1 and capped["tdp"][power] > 0.1
