@@ -354,7 +354,7 @@ def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Desi
         peak = _peak(op, chip)
     # Attention kernels reach their own ceiling; matmuls a fraction set by their rows.
     fraction = jnp.where(attention, eff.attention_max, eff.compute_fraction(op.rows))
-    compute = op.flops / (peak * jnp.maximum(fraction, 1e-6))
+    compute = op.flops * (1.0 / (peak * jnp.maximum(fraction, 1e-6)))
     # Slice mapping: interleaved reads cross the fabric; partitioned KV idles slices when
     # fewer sequences than slices run; partitioned weights reduce partial sums across slices.
     slices = chip.num_slices
@@ -366,15 +366,18 @@ def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Desi
     k_inter, k_part, k_repl = (lax.index_in_dim(kmap, i, axis=-1, keepdims=False)
                                for i in range(3))
     w_inter, w_part = (lax.index_in_dim(wmap, i, axis=-1, keepdims=False) for i in range(2))
-    kv_slowdown = k_inter + k_repl + k_part / busy
+    # Multiplications by reciprocals the operators share (XLA computes each once): a
+    # division per operator made the step's fusions division-bound on XLA:CPU, about 12 %
+    # of a wide `vmap` (`benchmarks/bench_vmap.py`, alternating runs).
+    kv_slowdown = k_inter + k_repl + k_part * (1.0 / busy)
     bandwidth = chip.hbm_bandwidth * eff.bandwidth_max
     moved = op.weight_bytes + op.activation_bytes + op.kv_bytes * kv_slowdown
-    memory = moved / bandwidth + eff.memory_latency * (op.hbm_bytes > 0)
+    memory = moved * (1.0 / bandwidth) + eff.memory_latency * (op.hbm_bytes > 0)
     cross = (slices - 1.0) / slices
     fabric_bytes = (cross * (w_inter * op.weight_bytes + k_inter * op.kv_bytes)
                     + w_part * cross * op.fabric_rows * design.precision.activation_bytes
                     * 2.0 * (op.weight_bytes > 0))
-    fabric = fabric_bytes / chip.slice_bandwidth
+    fabric = fabric_bytes * (1.0 / chip.slice_bandwidth)
     core = smooth_max(compute, memory, fabric, sharpness=sharpness, hard=hard)
     return core + eff.kernel_overhead * op.kernels, fabric_bytes
 
