@@ -59,6 +59,20 @@ def trace(batched, cfg, calls: int = 10, top: int = 12) -> list[dict]:
             for name, ns in total.most_common(top)]
 
 
+def structure(batched, cfg) -> dict:
+    """What XLA compiles `batched` into for the configurations `cfg`: its own estimate of
+    FLOPs and bytes of memory traffic per configuration (`cost_analysis`), its fusions and
+    how many of them are YNNPACK's (`tests/test_kernel_structure.py` bounds these)."""
+    n = len(next(iter(cfg.values())))
+    compiled = batched.lower(cfg).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    text = compiled.as_text()
+    return dict(xla_flops_per_config=float(cost.get("flops", float("nan"))) / n,
+                xla_bytes_per_config=float(cost.get("bytes accessed", float("nan"))) / n,
+                fusions=text.count(" fusion("), ynn_fusions=text.count("__ynn_fusion"))
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 1000, 10_000, 100_000,
@@ -81,15 +95,9 @@ def main(argv=None) -> dict:
     times = np.array([r["run_s"] for r in rows])
     slope, intercept = np.polyfit(sizes, times, 1)
     cfg = bench_vmap.configurations(100_000)
-    compiled = batched.lower(cfg).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    text = compiled.as_text()
     result = dict(rows=rows, per_call_s=float(intercept), per_config_s=float(slope),
                   kernel_share_at_1e5=float(slope * 1e5 / (slope * 1e5 + max(intercept, 0))),
-                  xla_flops_per_config=float(cost.get("flops", float("nan"))) / 1e5,
-                  xla_bytes_per_config=float(cost.get("bytes accessed", float("nan"))) / 1e5,
-                  fusions=text.count(" fusion("), ynn_fusions=text.count("__ynn_fusion"))
+                  **structure(batched, cfg))
     if args.trace:
         result["thunks"] = trace(batched, cfg)
     print(json.dumps(result, indent=1))

@@ -104,23 +104,20 @@ def apply_power_cap(chip: Chip, time, energy, sharpness=DEFAULT_SHARPNESS,
     """
     headroom = jnp.maximum(chip.tdp - chip.idle_power, 1e-3)
     # s = smooth_max(1, R)^(1/k) with R = energy / (headroom time); the p-norm is
-    # homogeneous, so s time = time^(1 - 1/k) smooth_max(time, energy / headroom)^(1/k):
-    # the previous rule's maximum of two times, then a root (k = 2: sqrt(time x maximum)).
+    # homogeneous, so s time = (time^(k-1) smooth_max(time, energy / headroom))^(1/k): the
+    # previous rule's maximum of two times, then a root (for k = 2, sqrt(time x maximum)).
     # Written with R itself, the same numbers compiled into a vmapped `predict` 4x slower on
-    # XLA:CPU (76 fusions against 33; `benchmarks/bench_vmap.py` 13 ms against 3.4 ms).
+    # XLA:CPU (76 fusions against 34; `benchmarks/bench_vmap.py` 13 ms against 3.4 ms;
+    # `tests/test_kernel_structure.py`).
+    k = DVFS_EXPONENT
     ceiling = smooth_max(time, energy / headroom, sharpness=sharpness, hard=hard)
     # A step of no time and no energy (nothing to run) is not stretched: its ratio is 1,
     # not 0 / 0 (double-`where`, so the gradient is finite there too).
     running = time * ceiling > 0
-    product = jnp.where(running, time * ceiling, 1.0)
-    if DVFS_EXPONENT == 2.0:
-        capped = jnp.sqrt(product)
-    else:
-        capped = (time ** (DVFS_EXPONENT - 1.0) * ceiling) ** (1.0 / DVFS_EXPONENT)
-    capped = jnp.where(running, capped, time)
-    # 1 / s, and energy / s^(k-1)
-    slowdown = jnp.where(running, time / jnp.where(running, capped, 1.0), 1.0)
-    energy = energy * (slowdown if DVFS_EXPONENT == 2.0 else slowdown ** (DVFS_EXPONENT - 1.0))
+    capped = jnp.where(running, jnp.where(running, time ** (k - 1.0) * ceiling, 1.0) ** (1.0 / k),
+                       time)
+    slowdown = jnp.where(running, time / jnp.where(running, capped, 1.0), 1.0)   # 1 / s
+    energy = energy * slowdown ** (k - 1.0)                                     # E / s^(k-1)
     power = average_power(chip.idle_power, energy, capped)
     stretch = 1.0 / slowdown
     return PowerResult(time=capped, power=power, dynamic_energy=energy, throttle=stretch)

@@ -367,7 +367,7 @@ def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Desi
                                for i in range(3))
     w_inter, w_part = (lax.index_in_dim(wmap, i, axis=-1, keepdims=False) for i in range(2))
     # Multiplications by reciprocals the operators share (XLA computes each once): a
-    # division per operator made the step's fusions division-bound on XLA:CPU, about 12 %
+    # division per operator made the step's fusions division-bound on XLA:CPU, about 9 %
     # of a wide `vmap` (`benchmarks/bench_vmap.py`, alternating runs).
     kv_slowdown = k_inter + k_repl + k_part * (1.0 / busy)
     bandwidth = chip.hbm_bandwidth * eff.bandwidth_max
