@@ -134,6 +134,12 @@ def test_power_rows_are_delegated(tmp_path):
     columns, rows = command.predict_file(str(path))
     assert "pred_power_w_modelled" in columns
     assert rows[0]["pred_status"] == "ok"
+    # --interval reaches them too: power, J per output token and output tokens/s.
+    columns, rows = command.predict_file(str(path), interval=0.9)
+    for key in ("pred_power_w_modelled", "pred_j_per_output_token",
+                "pred_output_tput_per_chip"):
+        assert {key + "_lo", key + "_hi"} <= set(columns)
+        assert rows[0][key + "_lo"] < rows[0][key] <= rows[0][key + "_hi"]
 
 
 @pytest.mark.slow
@@ -156,8 +162,9 @@ def test_cli_interval_columns_bracket_the_predictions(small, tmp_path):
     assert cli.main(["predict", str(small), "--interval", "0.9", "--out", str(out)]) == 0
     with open(out) as handle:
         rows = list(csv.DictReader(handle))
+    from perfmodel.calibration.predict import POWER_INTERVAL_KEYS
     for row in rows:
-        for key in INTERVAL_KEYS:
+        for key in INTERVAL_KEYS + POWER_INTERVAL_KEYS:
             if row[key] == "":
                 assert row[key + "_lo"] == row[key + "_hi"] == ""
                 continue

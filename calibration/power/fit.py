@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 
 from perfmodel import calibration_power as cp  # noqa: E402
 from perfmodel import fitted as fitted_params  # noqa: E402
+from perfmodel.calibration_power import intervals  # noqa: E402
 from perfmodel.presets import get_chip  # noqa: E402
 from perfmodel.solvers import message, succeeded  # noqa: E402
 
@@ -29,6 +30,8 @@ SEED = 0
 #: Folds of the whole-model hold-out (each model held out once).
 FOLDS = 5
 REFERENCE = {"ampere": "a100", "hopper": "h100", "blackwell": "b200"}
+#: Level of the prediction intervals whose coverage the report gives.
+LEVEL = 0.9
 
 
 def host_bounds(rows, fitted):
@@ -50,6 +53,21 @@ def host_bounds(rows, fitted):
                     "wall_w": wall, "gpu_cap_w": cap, "host_w_min": lower,
                     "host_w_max": upper, "host_w_per_gpu_min": lower / n,
                     "host_w_per_gpu_max": upper / n, "source": row["source"]})
+    return out
+
+
+def _log_residuals(problem, predictions, indices) -> dict:
+    """log(measured / predicted) of the rows `indices` (`RowSpec.index`, in that order),
+    per interval metric (`intervals.COLUMNS`); NaN where not measured."""
+    where = {int(i): j for j, i in enumerate(problem.index)}
+    rows = np.asarray([where[int(i)] for i in indices], dtype=int)
+    out = {}
+    for key, predicted, measured in (("power", predictions.power, problem.power),
+                                     ("j_per_token", predictions.joules, problem.joules),
+                                     ("output_tok_s", predictions.tok_s, problem.tok_s)):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e = np.log(np.asarray(measured)[rows] / np.asarray(predicted)[rows])
+        out[key] = np.where(np.isfinite(e), e, np.nan).tolist()
     return out
 
 
@@ -116,21 +134,43 @@ def main(argv=None):
         problem, cp.RowPredictions(power=pooled["power"], joules=pooled["joules"],
                                    tok_s=pooled["tok_s"], fits=np.ones(len(pooled["power"]),
                                                                       bool)), usable)
+    fold_of = {i: k for k in range(FOLDS) for i in usable
+               if model_of[i] in set(models[k::FOLDS].tolist())}
 
     # Leave one chip out: the held-out chip takes the generic set. Also solved from the
     # all-rows fit (which has seen the held-out rows): which optimum the data without one
     # chip lead to, and what the other one would predict (calibration/power/README.md).
     report["leave_one_chip_out"] = {}
     chip_of = {s.index: s.chip_name for s in specs}
+    unmeasured = {key: [] for key in intervals.COLUMNS}
+    unmeasured_chips = []
     for family, name in REFERENCE.items():
         rest = [i for i in usable if chip_of[i] != name]
         held = [i for i in usable if chip_of[i] == name]
         loco, entry = solve(rest, family)
-        entry["test"] = cp.errors(problem, cp.evaluate(loco.params, problem, family), held)
+        predicted = cp.evaluate(loco.params, problem, family)
+        entry["test"] = cp.errors(problem, predicted, held)
+        for key, residual in _log_residuals(problem, predicted, held).items():
+            unmeasured[key].extend(residual)
+        unmeasured_chips.extend([name] * len(held))
         warm, entry["from_all_rows_fit"] = solve(rest, family, start=full.params)
         entry["from_all_rows_fit"]["test"] = cp.errors(
             problem, cp.evaluate(warm.params, problem, family), held)
         report["leave_one_chip_out"][name] = entry
+    # Prediction intervals from the whole-model folds' residuals (every usable row,
+    # predicted by the fit without its model) and the leave-one-chip-out ones
+    # (`perfmodel.calibration_power.intervals`), with their nested cross-validated coverage.
+    oof = cp.RowPredictions(power=pooled["power"], joules=pooled["joules"],
+                            tok_s=pooled["tok_s"], fits=np.ones(len(pooled["power"]), bool))
+    residual = _log_residuals(problem, oof, usable)
+    spec_of = {s.index: s for s in specs}
+    groups = [intervals.group_key(spec_of[i].framework,
+                                  get_chip(spec_of[i].chip_name, calibrated=False).family,
+                                  cp.FAMILIES) for i in usable]
+    fitted["intervals"] = intervals.estimate(residual, groups, unmeasured)
+    report["intervals"] = intervals.coverage(residual, groups, [fold_of[i] for i in usable],
+                                             unmeasured, unmeasured_chips, LEVEL)
+    report["intervals"]["level"] = LEVEL
     report["host_overhead_mlperf"] = host_bounds(rows, fitted)
     report["fitted"] = fitted
     fitted_params.write(fitted, ROOT / "perfmodel" / "data" / fitted_params.POWER_FILE)
@@ -144,6 +184,33 @@ def _err(e):
     return (f"{e['power']['median_abs_pct']:.1f}% / {e['j_per_token']['median_abs_pct']:.1f}% "
             f"(p90 {e['power']['p90_abs_pct']:.0f}% / {e['j_per_token']['p90_abs_pct']:.0f}%, "
             f"n={e['power']['n']})")
+
+
+def _interval_lines(cov, table):
+    level = cov["level"]
+    names = {"power": "power/GPU", "j_per_token": "J per output token",
+             "output_tok_s": "output tok/s per GPU"}
+    lines = ["", f"Prediction intervals ({level:.0%}, `perfmodel/calibration_power/"
+             "intervals.py`): share of rows inside, by nested cross-validation (each "
+             "whole-model fold against intervals sized on the other folds' residuals; each "
+             "left-out chip against the other chips' leave-one-out residuals):", "",
+             "| metric | whole models held out | median hi/lo | per group | per fold | "
+             "left-out chips (generic set) |", "| --- | ---: | ---: | --- | --- | --- |"]
+    for key, c in cov.items():
+        if key == "level":
+            continue
+        groups = ", ".join(f"{g} {v['inside']:.0%} (n={v['n']})"
+                           for g, v in c["groups"].items())
+        folds = " / ".join(f"{x:.0%}" for x in c["folds"])
+        chips = ", ".join(f"{chip} {v['inside']:.0%} (n={v['n']})"
+                          for chip, v in c["unmeasured"].items())
+        lines.append(f"| {names[key]} | {c['inside']:.1%} (n={c['n']}) | "
+                     f"{c['median_width']:.2f}x | {groups} | {folds} | {chips} |")
+    lines += ["", "Shipped scales (robust sd of log residuals per group; `unmeasured`: a "
+              "family the power fit did not measure): " + "; ".join(
+                  f"{names[k]}: " + ", ".join(f"{g} {s:.3f}" for g, s in v["scales"].items())
+                  for k, v in table["metrics"].items()) + "."]
+    return lines
 
 
 def markdown(r):
@@ -178,6 +245,8 @@ def markdown(r):
     lines += ["", "Whole-model folds (held-out models; power / J per token on their rows):",
               ""] + [f"- fold {k + 1}: {', '.join(f['models'])}: {_err(f['test'])}"
                      for k, f in enumerate(models["per_fold"])]
+    if "intervals" in r:
+        lines += _interval_lines(r["intervals"], r["fitted"]["intervals"])
     lines += ["", "Host overhead of MLPerf servers (wall minus GPUs; min: GPUs at their cap, "
               "max: GPUs idle):", "", "| row | system | model | scenario | wall W | host W "
               "per GPU (min-max) |", "| --- | --- | --- | --- | --- | --- |"]

@@ -67,8 +67,8 @@ MEASURED = {"pred_tput_per_chip_total": "tput_per_gpu",
             "pred_ttft_s": "median_ttft_s", "pred_tpot_s": "median_tpot_s",
             "pred_e2e_s": "median_e2el_s", "pred_interactivity": "median_intvty_tok_s_user",
             "pred_p99_ttft_s": "p99_ttft_s", "pred_p99_tpot_s": "p99_tpot_s"}
-#: The prediction columns that have intervals (power and energy come from the power fit,
-#: which has no covariance: they get none).
+#: The prediction columns that have intervals of the latency fit (power and energy have
+#: the power fit's, `perfmodel.calibration_power.intervals`).
 INTERVAL_KEYS = tuple(MEASURED)
 #: Prediction columns whose measured column the latency fit fits (`latency.E2E_KEYS`).
 FITTED = {"pred_tput_per_chip_total": "tput_per_gpu", "pred_tpot_s": "median_tpot_s",

@@ -31,6 +31,8 @@ from .params import FAMILY_FIELDS, Params, from_json, prior_row, resolve_family
 PREDICTION_KEYS = tuple("pred_" + key for key in (
     "tput_per_chip_total", "output_tput_per_chip", "ttft_s", "tpot_s", "e2e_s",
     "interactivity", "p99_ttft_s", "p99_tpot_s", "power_w_modelled", "j_per_output_token"))
+#: The prediction columns whose intervals come from the power fit (`add_power_bounds`).
+POWER_INTERVAL_KEYS = ("pred_power_w_modelled", "pred_j_per_output_token")
 #: Rows every eager evaluation is padded to (fixed shapes: eager ops compile once).
 BATCH = 64
 
@@ -107,7 +109,37 @@ def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
     entries = _evaluate(rows, params, fallback, measured, power, interval is not None)
     if interval is None:
         return entries
-    return [add_bounds(e, params, fallback, intervals, interval) for e in entries]
+    power_fit = fitted.read(fitted.POWER_FILE) if power is None else power
+    return [add_power_bounds(add_bounds(e, params, fallback, intervals, interval), e,
+                             power_fit, interval) for e in entries]
+
+
+def add_power_bounds(out: dict, entry: dict, power: Mapping, level: float) -> dict:
+    """`out` with the bounds of a central `level` interval of power and J per output token
+    (`POWER_INTERVAL_KEYS` + "_lo" / "_hi", from the power fit's out-of-model residuals,
+    `perfmodel.calibration_power.intervals`: an engine other than the measured harnesses
+    takes the pooled scale, a family the power fit did not measure the leave-one-chip-out
+    one); None where there is no prediction or the power fit has no intervals."""
+    from ..calibration_power import intervals as power_intervals
+
+    out = dict(out)
+    table = power.get("intervals")
+    group = power_intervals.group_key("other", entry.get("family", ""),
+                                      tuple(power.get("families", {})))
+    tdp = math.inf
+    if table is not None and entry.get("pred_chip"):
+        from ..presets import get_chip
+        tdp = float(get_chip(entry["pred_chip"], calibrated=False).tdp)
+    for key in POWER_INTERVAL_KEYS:
+        metric = next(m for m, c in power_intervals.COLUMNS.items() if c == key)
+        lo = hi = math.nan
+        if table is not None and entry.get(key) is not None:
+            # A chip's average power stays under its TDP.
+            lo, hi = power_intervals.bounds(table, metric, entry[key], group, level,
+                                            tdp if metric == "power" else math.inf)
+        out[key + "_lo"] = lo if math.isfinite(lo) else None
+        out[key + "_hi"] = hi if math.isfinite(hi) else None
+    return out
 
 
 def linearize(rows: Sequence[BenchRow], params: Params, fallback: dict | None = None,

@@ -26,8 +26,9 @@ the pipeline overlap of `design.Runtime`; per runtime and chip family: its kerne
 efficiency): J per token is power times time, so a throughput the model gets wrong is a
 J/token it gets wrong.
 
-Modules: `rows` (measurement rows as model inputs, `predict_power_rows`, error figures) and
-`fit` (parameters, the residuals and the solve).
+Modules: `rows` (measurement rows as model inputs, `predict_power_rows`, error figures),
+`fit` (parameters, the residuals and the solve) and `intervals` (prediction intervals from
+the fit's out-of-model residuals).
 """
 
 from .fit import (

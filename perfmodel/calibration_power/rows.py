@@ -28,6 +28,7 @@ from ..kvcache import profile_activation_bytes
 from ..presets import find_model, get_chip
 from ..serving import predict
 from ..workload import Workload
+from . import intervals
 
 #: Input length (tokens) assumed for data sets whose prompts are real text of unpublished
 #: length (ML.ENERGY). ShareGPT and LM Arena prompts: about 250 tokens (vLLM's ShareGPT
@@ -248,7 +249,8 @@ POWER_PREDICTION_KEYS = ("pred_power_w_modelled", "pred_j_per_output_token",
                          "pred_output_tput_per_chip")
 
 
-def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dict]:
+def predict_power_rows(rows: list[dict], fitted: dict | None = None,
+                       interval: float | None = None) -> list[dict]:
     """Predicted power, J per output token and output tokens/s per GPU for measurement-style
     rows (the columns of `power_measurements.csv`), for `perfmodel predict`.
 
@@ -256,11 +258,22 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
     (e.g. "TP2 EP1 DP1"), precision, avg_batch_size or max_batch_size (or concurrency) and
     osl; isl when known, else the input length of `ASSUMED_ISL` for its workload.
 
+    Args:
+        rows: the measurement-style rows.
+        fitted: a power-fit dict (default: the shipped `fitted_power.json`).
+        interval: a central prediction-interval level (0.9: 90 %) to add `<column>_lo` and
+            `<column>_hi` for the three prediction columns (`intervals`: out-of-model
+            residuals of the power fit, scaled per harness and chip family); None for none.
+
     Returns:
         One dict per row: the row plus `pred_power_w_modelled`,
         `pred_j_per_output_token`, `pred_output_tput_per_chip`, `pred_isl`,
         `pred_isl_assumed` and `pred_status` ("ok", "does not fit in memory" or why the row
-        could not be evaluated: "unknown model ...").
+        could not be evaluated: "unknown model ..."); with `interval`, the bounds (None
+        where there is no prediction).
+
+    Raises:
+        ValueError: `interval` outside (0, 1), or a power fit without intervals.
 
     Example:
         >>> row = dict(model="meta-llama/Llama-3.1-8B-Instruct", hardware="H100",
@@ -271,12 +284,22 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
         ('ok', True)
     """
     fitted = fitted_params.read(fitted_params.POWER_FILE) if fitted is None else fitted
+    table = None
+    if interval is not None:
+        if not 0.0 < interval < 1.0:
+            raise ValueError(f"interval {interval} must be a level in (0, 1), e.g. 0.9")
+        table = fitted.get("intervals")
+        if table is None:
+            raise ValueError("interval=...: this power fit has no prediction intervals "
+                             "(refit with `python calibration/power/fit.py`)")
+    bound_keys = tuple(f"{c}_{side}" for c in intervals.COLUMNS.values()
+                       for side in ("lo", "hi")) if table is not None else ()
     specs, skipped = specs_of(rows)
     out = [dict(row) for row in rows]
     for i, why in skipped:
         out[i].update(pred_power_w_modelled=None, pred_j_per_output_token=None,
                       pred_output_tput_per_chip=None, pred_isl=None,
-                      pred_isl_assumed=None, pred_status=why)
+                      pred_isl_assumed=None, pred_status=why, **dict.fromkeys(bound_keys))
     # Every group's kernel is traced (or loaded from the store) first and compiled side by
     # side: XLA compiles one kernel per thread, without Python's lock.
     work, submitted = [], set()
@@ -292,15 +315,28 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None) -> list[dic
                 submitted.add(id(kernel))
                 compiler.submit(kernel)
             work.append((members, kernel, args))
+    measured_families = tuple(fitted.get("families", {}))
     for members, kernel, args in work:
         m = kernel(*args)
         row = {k: np.asarray(v) for k, v in m.to_row("pred_").items()}
         for j, spec in enumerate(members):
             fits = bool(row["pred_fits"][j])
-            out[spec.index].update(
+            entry = out[spec.index]
+            entry.update(
                 {k: float(row[k][j]) for k in POWER_PREDICTION_KEYS},
                 pred_isl=spec.isl, pred_isl_assumed=spec.isl_assumed,
                 pred_status="ok" if fits else "does not fit in memory")
+            if table is None:
+                continue
+            chip = args[1]
+            group = intervals.group_key(spec.framework, chip.family, measured_families)
+            for metric, column in intervals.COLUMNS.items():
+                # A board's average power stays under its power limit (TDP or the row's).
+                ceiling = float(np.max(chip.tdp)) if metric == "power" else math.inf
+                lo, hi = intervals.bounds(table, metric, entry[column], group, interval,
+                                          ceiling)
+                entry[f"{column}_lo"] = lo if math.isfinite(lo) else None
+                entry[f"{column}_hi"] = hi if math.isfinite(hi) else None
     return out
 
 

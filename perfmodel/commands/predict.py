@@ -20,7 +20,9 @@ parameters' versions). `--interval 0.9` adds a 90 % prediction interval,
 `pred_<metric>_lo` and `pred_<metric>_hi`, for every latency and throughput column
 (`perfmodel.calibration.intervals`: the fit's parameter covariance propagated to the row plus
 the fit rows' model error; off by default, as the Jacobian of every row costs about 5x the
-prediction; power and energy have none).
+prediction) and for power and J per output token (`perfmodel.calibration_power.intervals`:
+the power fit's residuals on models it did not see, scaled per harness and chip family);
+on power-measurement rows, for power, J per output token and output tokens/s.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                              "writes its metrics as JSON")
     parser.add_argument("--interval", metavar="LEVEL", type=float, default=None,
                         help="add a central prediction interval of this level (0.9: 90 %%) "
-                             "as pred_<metric>_lo / pred_<metric>_hi columns (InferenceMAX-"
-                             "style rows; about 5x slower) (default: none)")
+                             "as pred_<metric>_lo / pred_<metric>_hi columns (about 5x "
+                             "slower on InferenceMAX-style rows) (default: none)")
     parser.add_argument("--out", metavar="OUT.csv", default="-",
                         help="output CSV (JSON with --design) (default: standard output)")
     parser.set_defaults(func=run)
@@ -78,7 +80,7 @@ def predict_file(path: str, interval: float | None = None) -> tuple[list[str], l
     if all(c in columns for c in POWER_COLUMNS) and "conc" not in columns:
         from ..calibration_power import predict_power_rows
         out = [dict(row, pred_fit=_fit()) for row in
-               predict_power_rows([dict(r) for r in table.rows])]
+               predict_power_rows([dict(r) for r in table.rows], interval=interval)]
         extra = [k for k in (out[0] if out else {}) if k not in columns]
         return columns + extra, out
     missing = [c for c in INFERENCEMAX_INPUTS if c not in columns]
@@ -90,10 +92,11 @@ def predict_file(path: str, interval: float | None = None) -> tuple[list[str], l
     # a third of a second of imports that only this path uses.
     from ..calibration import PREDICTION_KEYS, predict_rows
     from ..calibration.intervals import INTERVAL_KEYS
+    from ..calibration.predict import POWER_INTERVAL_KEYS
     rows = load_benchmarks(path)
     predictions = predict_rows(rows, interval=interval)
     keys = PREDICTION_KEYS + (() if interval is None else tuple(
-        f"{k}_{side}" for k in INTERVAL_KEYS for side in ("lo", "hi")))
+        f"{k}_{side}" for k in INTERVAL_KEYS + POWER_INTERVAL_KEYS for side in ("lo", "hi")))
     out = []
     for raw, pred in zip(table.rows, predictions, strict=True):
         entry = dict(raw)
