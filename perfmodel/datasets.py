@@ -13,9 +13,11 @@ Interpretation of InferenceMAX rows (documented assumptions, see calibration/REA
   tp = 1 for wide-EP DP-attention workers), the worker size wins: tp = chips per worker, and
   ep = tp when DP attention is on (wide EP, as those recipes run), else the logged ep if it
   divides tp.
-- MTP rows: `MTP_DRAFT_TOKENS` draft tokens at per-token acceptance `MTP_ACCEPTANCE`
-  (assumption: the InferenceMAX recipes run 1-3 MTP steps; DeepSeek-V3 reports 85-90 %
-  acceptance of the second token on real text, lower on random-token prompts).
+- MTP rows: `MTP_DRAFT_TOKENS` draft tokens (assumption: the InferenceMAX recipes run 1-3
+  MTP steps) at a per-token acceptance the latency fit fits per framework
+  (`calibration.params.FRAMEWORK_FIELDS` "mtp_acceptance"), from the prior
+  `MTP_ACCEPTANCE` (DeepSeek-V3 reports 85-90 % acceptance of the second token on real
+  text; these prompts are random tokens).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import math
 import os
 from dataclasses import dataclass
 
-#: Draft tokens and per-token acceptance assumed for InferenceMAX rows with MTP.
+#: Draft tokens assumed for InferenceMAX rows with MTP, and the prior of the per-token
+#: acceptance the latency fit fits for them.
 MTP_DRAFT_TOKENS = 2.0
 MTP_ACCEPTANCE = 0.7
 

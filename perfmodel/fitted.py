@@ -261,6 +261,21 @@ def runtime_terms(framework: str, family: str = "", *, latency: Mapping | None =
     return dict(latency.get("frameworks", {}).get(key, {}))
 
 
+def mtp_acceptance(framework: str, *, latency: Mapping | None = None) -> float:
+    """Per-token MTP acceptance of a framework's rows in the latency fit (fitted where it
+    had MTP rows, InferenceMAX's random-token prompts; else the prior,
+    `datasets.MTP_ACCEPTANCE`).
+
+    Example:
+        >>> 0.0 < mtp_acceptance("dynamo-trt") < 1.0
+        True
+    """
+    from .datasets import MTP_ACCEPTANCE
+
+    terms = runtime_terms(framework, latency=latency)
+    return float(terms.get("mtp_acceptance", MTP_ACCEPTANCE))
+
+
 def runtime_for(framework: str, family: str = "", **settings) -> Runtime:
     """A `Runtime` with a serving framework's fitted terms; `settings` override fields.
 

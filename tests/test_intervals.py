@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from perfmodel import fitted
 from perfmodel.calibration import intervals as iv
-from perfmodel.calibration.params import FAMILY_FIELDS, Params, from_json
+from perfmodel.calibration.params import FAMILY_FIELDS, FRAMEWORK_FIELDS, Params, from_json
 
 Z90 = 1.6448536269514722   # the standard normal's 95th percentile
 
@@ -144,7 +144,7 @@ def test_shipped_intervals_match_the_shipped_fit():
     assert np.linalg.eigvalsh(cov).min() > -1e-12
     # No parameter is surer than the data allow nor vaguer than its prior.
     widths = np.concatenate([np.tile([f[3] for f in FAMILY_FIELDS], len(params.families)),
-                             np.tile([1.5, 1.5, 2.0], len(params.frameworks))])
+                             np.tile([f[3] for f in FRAMEWORK_FIELDS], len(params.frameworks))])
     assert np.all(np.sqrt(np.diag(cov)) <= widths * (1 + 1e-9))
     assert np.all(np.diff(intervals.quantiles, axis=1) >= 0)
     for key in iv.INTERVAL_KEYS:

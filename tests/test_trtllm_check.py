@@ -139,7 +139,8 @@ def test_the_fit_path_reads_a_rows_lengths_budget_and_kv_format():
     raw = params.framework_raw[params.frameworks.index("trt")]
     # TensorRT-LLM's memory rules (`FRAMEWORK_SETTINGS`): KV from the free memory, the
     # whole output reserved at admission.
-    runtime = Runtime(**cal.framework_values(raw), max_batched_tokens=row.max_batched_tokens,
+    runtime = Runtime(**cal.runtime_values(cal.framework_values(raw)),
+                      max_batched_tokens=row.max_batched_tokens,
                       fraction_of_free=1.0, reserve_output=1.0)
     model = get_model("llama-3.1-8b")
     design = Design(concurrency=row.conc, layout=Layout(tp=1),

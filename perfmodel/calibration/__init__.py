@@ -45,6 +45,7 @@ from .params import (
     prior_row,
     resolve_family,
     resolve_framework,
+    runtime_values,
     to_json,
     with_family,
 )
@@ -61,5 +62,6 @@ __all__ = [
     "format_ratio", "from_json", "gemm_time", "huber_loss", "huber_residuals", "linearize",
     "model_of",
     "outputs", "predict_rows", "prior_row", "resolve_family", "resolve_framework",
-    "row_inputs", "row_metrics", "rowwise_jacobian", "to_json", "with_family",
+    "row_inputs", "row_metrics", "rowwise_jacobian", "runtime_values", "to_json",
+    "with_family",
 ]

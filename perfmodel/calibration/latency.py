@@ -39,7 +39,7 @@ from jax.custom_derivatives import SymbolicZero
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..architecture import Model
-from ..datasets import GEMM_DTYPES, MTP_ACCEPTANCE, BenchRow
+from ..datasets import GEMM_DTYPES, BenchRow
 from ..design import Design, Layout, Precision, Runtime, SpecDecode
 from ..formats import COMPUTE_CLASSES
 from ..grid.shard import Placement
@@ -59,6 +59,7 @@ from .params import (
     prior_row,
     resolve_family,
     resolve_framework,
+    runtime_values,
     with_family,
 )
 
@@ -180,10 +181,12 @@ def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_
         vectorize: as `serving.predict` (same numbers; a smaller program).
     """
     chip = with_family(chip, family_raw)
-    runtime = Runtime(**framework_values(framework_raw), activation_reserve=reserve,
+    values = framework_values(framework_raw)
+    runtime = Runtime(**runtime_values(values), activation_reserve=reserve,
                       max_batched_tokens=budget, fraction_of_free=of_free,
                       reserve_output=reserve_output)
-    spec = SpecDecode(draft_tokens=draft, acceptance=MTP_ACCEPTANCE)
+    # The framework's MTP acceptance (fitted where it has MTP rows, else its prior).
+    spec = SpecDecode(draft_tokens=draft, acceptance=values["mtp_acceptance"])
     design = eqx.tree_at(lambda d: (d.concurrency, d.speculative, d.runtime), design,
                          (conc, spec, runtime))
     workload = Workload(isl, osl, input_range_ratio=range_ratio,

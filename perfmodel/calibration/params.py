@@ -43,14 +43,21 @@ FAMILY_FIELDS = (
     ("collective_latency", "log", 1e-6, 1.5),
     ("collective_base_latency", "log", 6e-6, 1.0),
 )
-#: Per serving framework (fields of `design.Runtime`): a 1 ms host step (vLLM V1 scheduler
-#: profiles), 15 ms per request outside the engine, half a step of admission wait. The
-#: admission prior is wide: SGLang and TRT-LLM hold new prompts while decodes run.
+#: Per serving framework (fields of `design.Runtime`, and the MTP acceptance of its rows'
+#: `design.SpecDecode`): a 1 ms host step (vLLM V1 scheduler profiles), 15 ms per request
+#: outside the engine, half a step of admission wait; per-token MTP acceptance 0.7 (the
+#: DeepSeek-V3 report, arXiv:2412.19437 section 5.4.3: 85-90 % for the second token on real
+#: text; InferenceMAX prompts are random tokens, and engines accept drafts their own way,
+#: TensorRT-LLM's relaxed acceptance among them), identified by the frameworks with MTP rows.
+#: The admission prior is wide: SGLang and TRT-LLM hold new prompts while decodes run.
 FRAMEWORK_FIELDS = (
     ("step_overhead", "log", 1e-3, 1.5),
     ("request_overhead", "log", 0.015, 1.5),
     ("admission_steps", "log", 0.5, 2.0),
+    ("mtp_acceptance", "logit", 0.7, 1.0),
 )
+#: The framework fields that are not `design.Runtime` fields (`runtime_values`).
+SPECULATION_FIELDS = ("mtp_acceptance",)
 FAMILY_NAMES = tuple(f[0] for f in FAMILY_FIELDS)
 FRAMEWORK_NAMES = tuple(f[0] for f in FRAMEWORK_FIELDS)
 _EFFICIENCY = FAMILY_NAMES[:7]
@@ -200,6 +207,11 @@ def framework_values(raw) -> dict:
     traceable."""
     return {name: _from_raw(space, raw[..., j]) for j, (name, space, _, _) in
             enumerate(FRAMEWORK_FIELDS)}
+
+
+def runtime_values(values: dict) -> dict:
+    """The `design.Runtime` fields of `framework_values` (without `SPECULATION_FIELDS`)."""
+    return {k: v for k, v in values.items() if k not in SPECULATION_FIELDS}
 
 
 def with_family(chip: Chip, raw) -> Chip:

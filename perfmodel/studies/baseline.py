@@ -11,10 +11,11 @@ DeepSeek-R1 and Kimi-K2.5) on NVL72 GPUs:
   the rows; 3 decode workers of TP8 EP8 without DP attention at low concurrency), all within
   one NVL72 domain (`chip.domain_size`), so the KV hand-off runs over NVLink;
 - MTP speculative decoding where the model has an MTP head (`Model.mtp_layers`): draft
-  lengths `MTP_DRAFTS` at the per-token acceptance the calibration assumes for the same rows
-  (`datasets.MTP_ACCEPTANCE`: DeepSeek-V3 technical report, arXiv:2412.19437 section
-  5.4.3, reports 85-90 % acceptance of the second token on real text; the benchmark's
-  prompts are random tokens), and without it;
+  lengths `MTP_DRAFTS` at the per-token acceptance the calibration fits for the same rows
+  (`fitted.mtp_acceptance("dynamo-trt")`: 0.54 on InferenceMAX's random-token prompts,
+  against the prior `datasets.MTP_ACCEPTANCE` 0.7 from the DeepSeek-V3 technical report,
+  arXiv:2412.19437 section 5.4.3, 85-90 % for the second token on real text), and
+  without it;
 - FP8 KV cache and FP8 attention: TensorRT-LLM's throughput recipe for DeepSeek-R1 on
   Blackwell ("FP8 KV cache and FP8 attention, rather than BF16 precision", TensorRT-LLM tech
   blog 3, "Optimizing DeepSeek R1 Throughput on NVIDIA Blackwell GPUs"; `kv_cache_config:
@@ -57,9 +58,8 @@ import numpy as np
 
 from .. import compiled
 from ..architecture import Model
-from ..datasets import MTP_ACCEPTANCE
 from ..design import Design, Disaggregated, Layout, SliceMapping, SpecDecode, precision
-from ..fitted import runtime_for
+from ..fitted import mtp_acceptance, runtime_for
 from ..hardware import Chip
 from ..serving import METRIC_KEYS, predict
 from ..sweep import padded_take
@@ -139,7 +139,8 @@ def design_of(model: Model, chip: Chip, config: Config, concurrency: float = 1.0
     """The `Design` of one configuration (FP4 weights, FP8 KV and attention, fitted
     dynamo-trt runtime, MTP as configured)."""
     prec = precision(chip, model, "fp4", kv="fp8", attention="fp8")
-    spec = SpecDecode(draft_tokens=float(config.draft_tokens), acceptance=MTP_ACCEPTANCE)
+    spec = SpecDecode(draft_tokens=float(config.draft_tokens),
+                      acceptance=mtp_acceptance(FRAMEWORK))
     return Design(concurrency=concurrency, layout=config.layout, precision=prec,
                   runtime=runtime_for(FRAMEWORK), mapping=SliceMapping(), speculative=spec)
 
