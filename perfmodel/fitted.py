@@ -41,6 +41,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from .datasets import MTP_ACCEPTANCE
 from .design import Runtime
 from .formats import COMPUTE_CLASSES
 from .hardware import Chip
@@ -270,8 +271,6 @@ def mtp_acceptance(framework: str, *, latency: Mapping | None = None) -> float:
         >>> 0.0 < mtp_acceptance("dynamo-trt") < 1.0
         True
     """
-    from .datasets import MTP_ACCEPTANCE
-
     terms = runtime_terms(framework, latency=latency)
     return float(terms.get("mtp_acceptance", MTP_ACCEPTANCE))
 

@@ -62,11 +62,9 @@ def _log_residuals(problem, predictions, indices) -> dict:
     where = {int(i): j for j, i in enumerate(problem.index)}
     rows = np.asarray([where[int(i)] for i in indices], dtype=int)
     out = {}
-    for key, predicted, measured in (("power", predictions.power, problem.power),
-                                     ("j_per_token", predictions.joules, problem.joules),
-                                     ("output_tok_s", predictions.tok_s, problem.tok_s)):
+    for key, predicted, measured in cp.metric_pairs(problem, predictions):
         with np.errstate(divide="ignore", invalid="ignore"):
-            e = np.log(np.asarray(measured)[rows] / np.asarray(predicted)[rows])
+            e = np.log(measured[rows] / predicted[rows])
         out[key] = np.where(np.isfinite(e), e, np.nan).tolist()
     return out
 
@@ -120,9 +118,11 @@ def main(argv=None):
     pooled = {key: np.full(len(problem.index), np.nan) for key in ("power", "joules",
                                                                     "tok_s")}
     report["heldout_models"] = {"folds": FOLDS, "seed": SEED, "per_fold": []}
+    fold_of = {}
     for k in range(FOLDS):
         names = sorted(models[k::FOLDS].tolist())
         held = [i for i in usable if model_of[i] in names]
+        fold_of.update(dict.fromkeys(held, k))
         fold, entry = solve([i for i in usable if model_of[i] not in names])
         predicted = cp.evaluate(fold.params, problem)
         entry.update(models=names, test=cp.errors(problem, predicted, held))
@@ -130,12 +130,10 @@ def main(argv=None):
         chosen = np.isin(np.asarray(problem.index), held)
         for key in pooled:
             pooled[key] = np.where(chosen, np.asarray(getattr(predicted, key)), pooled[key])
-    report["heldout_models"]["test"] = cp.errors(
-        problem, cp.RowPredictions(power=pooled["power"], joules=pooled["joules"],
-                                   tok_s=pooled["tok_s"], fits=np.ones(len(pooled["power"]),
-                                                                      bool)), usable)
-    fold_of = {i: k for k in range(FOLDS) for i in usable
-               if model_of[i] in set(models[k::FOLDS].tolist())}
+    out_of_model = cp.RowPredictions(power=pooled["power"], joules=pooled["joules"],
+                                     tok_s=pooled["tok_s"],
+                                     fits=np.ones(len(pooled["power"]), bool))
+    report["heldout_models"]["test"] = cp.errors(problem, out_of_model, usable)
 
     # Leave one chip out: the held-out chip takes the generic set. Also solved from the
     # all-rows fit (which has seen the held-out rows): which optimum the data without one
@@ -160,9 +158,7 @@ def main(argv=None):
     # Prediction intervals from the whole-model folds' residuals (every usable row,
     # predicted by the fit without its model) and the leave-one-chip-out ones
     # (`perfmodel.calibration_power.intervals`), with their nested cross-validated coverage.
-    oof = cp.RowPredictions(power=pooled["power"], joules=pooled["joules"],
-                            tok_s=pooled["tok_s"], fits=np.ones(len(pooled["power"]), bool))
-    residual = _log_residuals(problem, oof, usable)
+    residual = _log_residuals(problem, out_of_model, usable)
     spec_of = {s.index: s for s in specs}
     groups = [intervals.group_key(spec_of[i].framework,
                                   get_chip(spec_of[i].chip_name, calibrated=False).family,

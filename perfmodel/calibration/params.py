@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..datasets import MTP_ACCEPTANCE
 from ..hardware import Chip
 
 #: (name, space, prior value, prior width in the unconstrained space) per chip family.
@@ -54,7 +55,7 @@ FRAMEWORK_FIELDS = (
     ("step_overhead", "log", 1e-3, 1.5),
     ("request_overhead", "log", 0.015, 1.5),
     ("admission_steps", "log", 0.5, 2.0),
-    ("mtp_acceptance", "logit", 0.7, 1.0),
+    ("mtp_acceptance", "logit", MTP_ACCEPTANCE, 1.0),
 )
 #: The framework fields that are not `design.Runtime` fields (`runtime_values`).
 SPECULATION_FIELDS = ("mtp_acceptance",)

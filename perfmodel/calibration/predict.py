@@ -122,32 +122,25 @@ def add_power_bounds(out: dict, entry: dict, power: Mapping, level: float) -> di
     one); None where there is no prediction or the power fit has no intervals."""
     from ..calibration_power import intervals as power_intervals
 
-    out = dict(out)
+    out = dict(out, **{f"{k}_{side}": None for k in POWER_INTERVAL_KEYS
+                       for side in ("lo", "hi")})
     table = power.get("intervals")
-    group = power_intervals.group_key("other", entry.get("family", ""),
-                                      tuple(power.get("families", {})))
-    tdp = math.inf
-    if table is not None and entry.get("pred_chip"):
-        from ..presets import get_chip
-        tdp = float(get_chip(entry["pred_chip"], calibrated=False).tdp)
-    for key in POWER_INTERVAL_KEYS:
-        metric = next(m for m, c in power_intervals.COLUMNS.items() if c == key)
-        lo = hi = math.nan
-        if table is not None and entry.get(key) is not None:
-            # A chip's average power stays under its TDP.
-            lo, hi = power_intervals.bounds(table, metric, entry[key], group, level,
-                                            tdp if metric == "power" else math.inf)
-        out[key + "_lo"] = lo if math.isfinite(lo) else None
-        out[key + "_hi"] = hi if math.isfinite(hi) else None
+    if table is not None:
+        group = power_intervals.group_key("other", entry.get("family", ""),
+                                          tuple(power.get("families", {})))
+        # A chip's average power stays under its TDP.
+        out.update(power_intervals.row_bounds(
+            table, {k: entry.get(k) for k in POWER_INTERVAL_KEYS}, group, level,
+            entry.get("tdp", math.inf)))
     return out
 
 
 def linearize(rows: Sequence[BenchRow], params: Params, fallback: dict | None = None,
               power: Mapping | None = None) -> list[dict]:
     """`predict_rows` entries with, per row, "log" (log of each `intervals.INTERVAL_KEYS`
-    prediction), "jacobian" ((12,) derivative of each in the row's family and framework
-    parameters, unconstrained space), "family" (the chip family of the row) and "framework"
-    ("" both when the row has no prediction)."""
+    prediction), "jacobian" (derivative of each in the row's family and framework
+    parameters, unconstrained space), "family" (the chip family of the row), "framework"
+    ("" both when the row has no prediction) and "tdp" (the chip's, W)."""
     return _evaluate(rows, params, fallback, None, power, True)
 
 
@@ -157,7 +150,7 @@ def add_bounds(entry: dict, params: Params, fallback, intervals: Intervals,
     interval (`pred_<metric>_lo`, `pred_<metric>_hi`; None where there is no prediction or
     no model-error term)."""
     out = dict(entry)
-    lin = {k: out.pop(k) for k in ("log", "jacobian", "family", "framework")}
+    lin = {k: out.pop(k) for k in ("log", "jacobian", "family", "framework", "tdp")}
     for key in INTERVAL_KEYS:
         out[key + "_lo"] = out[key + "_hi"] = None
     if entry["pred_tput_per_chip_total"] is None:
@@ -181,7 +174,8 @@ def _evaluate(rows, params, fallback, measured, power, jacobian: bool) -> list[d
     groups, errors = data.build_groups(rows)
     out: list[dict | None] = [None] * len(rows)
     position = {row.index: k for k, row in enumerate(rows)}
-    empty = {"log": {}, "jacobian": {}, "family": "", "framework": ""} if jacobian else {}
+    empty = {"log": {}, "jacobian": {}, "family": "", "framework": "",
+             "tdp": math.inf} if jacobian else {}
     for index, message in errors.items():
         out[position[index]] = {key: None for key in PREDICTION_KEYS} | {
             "pred_basis": "", "pred_error": message} | empty
@@ -239,6 +233,7 @@ def _evaluate(rows, params, fallback, measured, power, jacobian: bool) -> list[d
                 if jacobian:
                     entry.update(log={k: float(v[j]) for k, v in logs.items()},
                                  jacobian={k: np.asarray(v[j]) for k, v in jac.items()},
-                                 family=g.family, framework=row.framework)
+                                 family=g.family, framework=row.framework,
+                                 tdp=float(chip.tdp))
                 out[position[row.index]] = entry
     return out

@@ -48,6 +48,7 @@ from .fit import (
     errors,
     evaluate,
     fit_power,
+    metric_pairs,
     residuals,
     robust,
     to_fitted,
@@ -72,7 +73,7 @@ __all__ = [
     "ASSUMED_ISL", "DEFAULT_ISL", "FAMILIES", "GAUSSIAN_PRIORS", "HUBER_DELTA", "PRIOR",
     "REGULARISATION", "RESIDUAL_SCALE", "RUNTIMES", "PowerFit", "PowerParams",
     "PowerProblem", "RowGroup", "RowPredictions", "RowSpec", "assumed_isl", "build_problem",
-    "errors", "evaluate", "fit_power", "group_inputs", "groups_of", "predict_power_rows",
-    "read_rows", "resolve_model", "residuals", "robust", "row_spec", "runtime_key",
-    "specs_of", "to_fitted", "usable",
+    "errors", "evaluate", "fit_power", "group_inputs", "groups_of", "metric_pairs",
+    "predict_power_rows", "read_rows", "resolve_model", "residuals", "robust", "row_spec",
+    "runtime_key", "specs_of", "to_fitted", "usable",
 ]

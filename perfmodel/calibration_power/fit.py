@@ -330,6 +330,15 @@ def usable(problem: PowerProblem, predictions: RowPredictions) -> list[int]:
     return sorted(i for i, k in zip(problem.index, keep, strict=True) if k)
 
 
+def metric_pairs(problem: PowerProblem, predictions: RowPredictions):
+    """(metric, predicted, measured) of power per GPU ("power"), J per output token
+    ("j_per_token") and output tokens/s per GPU ("output_tok_s"), problem order (NumPy)."""
+    return tuple((key, np.asarray(p), np.asarray(m)) for key, p, m in (
+        ("power", predictions.power, problem.power),
+        ("j_per_token", predictions.joules, problem.joules),
+        ("output_tok_s", predictions.tok_s, problem.tok_s)))
+
+
 def errors(problem: PowerProblem, predictions: RowPredictions, indices) -> dict:
     """Median and 90th-percentile absolute relative errors (%) of power per GPU, J per
     output token and output tokens/s per GPU over the given rows (`RowSpec.index`), where
@@ -340,11 +349,8 @@ def errors(problem: PowerProblem, predictions: RowPredictions, indices) -> dict:
     """
     chosen = np.isin(np.asarray(problem.index), np.asarray(list(indices), dtype=int))
     out = {}
-    for key, predicted, measured in (
-            ("power", predictions.power, problem.power),
-            ("j_per_token", predictions.joules, problem.joules),
-            ("output_tok_s", predictions.tok_s, problem.tok_s)):
-        rel = np.abs(np.asarray(predicted) / np.asarray(measured) - 1.0)
+    for key, predicted, measured in metric_pairs(problem, predictions):
+        rel = np.abs(predicted / measured - 1.0)
         rel = rel[chosen & np.isfinite(rel)]
         out[key] = {"median_abs_pct": float(np.median(rel) * 100) if rel.size else math.nan,
                     "p90_abs_pct": float(np.percentile(rel, 90) * 100) if rel.size

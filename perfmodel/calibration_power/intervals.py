@@ -155,6 +155,22 @@ def bounds(table: Mapping, metric: str, value: float, group: str, level: float,
             min(value * math.exp(z_hi * s), ceiling))
 
 
+def row_bounds(table: Mapping, values: Mapping, group: str, level: float,
+               tdp: float = math.inf) -> dict:
+    """`<column>_lo` and `<column>_hi` of every `COLUMNS` column in `values` (a prediction
+    row) at `level` for a row of `group`, power's upper bound at most `tdp` (W); None where a
+    bound is not a finite number (no prediction)."""
+    out = {}
+    for metric, column in COLUMNS.items():
+        if column not in values:
+            continue
+        lo, hi = bounds(table, metric, values[column], group, level,
+                        tdp if metric == "power" else math.inf)
+        out[f"{column}_lo"] = lo if math.isfinite(lo) else None
+        out[f"{column}_hi"] = hi if math.isfinite(hi) else None
+    return out
+
+
 def coverage(residuals: Mapping[str, Sequence[float]], groups: Sequence[str],
              folds: Sequence[int], unmeasured: Mapping[str, Sequence[float]],
              unmeasured_chips: Sequence[str], level: float = 0.9) -> dict:

@@ -326,17 +326,12 @@ def predict_power_rows(rows: list[dict], fitted: dict | None = None,
                 {k: float(row[k][j]) for k in POWER_PREDICTION_KEYS},
                 pred_isl=spec.isl, pred_isl_assumed=spec.isl_assumed,
                 pred_status="ok" if fits else "does not fit in memory")
-            if table is None:
-                continue
-            chip = args[1]
-            group = intervals.group_key(spec.framework, chip.family, measured_families)
-            for metric, column in intervals.COLUMNS.items():
-                # A board's average power stays under its power limit (TDP or the row's).
-                ceiling = float(np.max(chip.tdp)) if metric == "power" else math.inf
-                lo, hi = intervals.bounds(table, metric, entry[column], group, interval,
-                                          ceiling)
-                entry[f"{column}_lo"] = lo if math.isfinite(lo) else None
-                entry[f"{column}_hi"] = hi if math.isfinite(hi) else None
+            if table is not None:
+                # A board's average power stays under its TDP.
+                chip = args[1]
+                group = intervals.group_key(spec.framework, chip.family, measured_families)
+                entry.update(intervals.row_bounds(table, entry, group, interval,
+                                                  float(chip.tdp)))
     return out
 
 
