@@ -156,7 +156,9 @@ def _engine(row: dict, engine: bool = True, calibrated: bool = True,
     if attention_max is not None:   # an experiment: every attention kernel's efficiency
         value = jnp.asarray(float(attention_max))
         chip = eqx.tree_at(lambda c: (c.efficiency.attention_max,
-                                      c.efficiency.full_attention_max), chip, (value, value))
+                                      c.efficiency.prefill_attention_max,
+                                      c.efficiency.full_attention_max), chip,
+                           (value, value, value))
     prec = precision(chip, model, row["precision"], kv=_kv(chip))
     runtime = fitted.runtime_for("trtllm-bench")
     cap = math.inf
@@ -357,7 +359,8 @@ def main(argv=None) -> int:
                              "and the runtime's own tokens per step")
     parser.add_argument("--attention-max", type=float, default=None, metavar="FRACTION",
                         help="an experiment: every attention kernel's efficiency "
-                             "(`hardware.Efficiency.attention_max` and `full_attention_max`) "
+                             "(`hardware.Efficiency.attention_max`, `prefill_attention_max` and "
+                             "`full_attention_max`) "
                              "set to FRACTION; prints, and writes only to --json")
     parser.add_argument("--no-readme", action="store_true",
                         help="print the table without rewriting calibration/README.md")

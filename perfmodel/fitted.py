@@ -59,6 +59,20 @@ _COLLECTIVE_FIELDS = ("efficiency", "latency", "base_latency")
 _RUNTIME_FIELDS = {f.name for f in dataclasses.fields(Runtime)} - {"framework"}
 
 
+def with_prefill_attention(efficiency: dict) -> dict:
+    """A fitted family's efficiency values with `prefill_attention_max`: files written
+    before it was a field priced prompt attention at `attention_max`, and keep doing so.
+
+    Example:
+        >>> with_prefill_attention({"attention_max": 0.2})["prefill_attention_max"]
+        0.2
+    """
+    v = dict(efficiency)
+    if "attention_max" in v and "prefill_attention_max" not in v:
+        v["prefill_attention_max"] = v["attention_max"]
+    return v
+
+
 # ---------------------------------------------------------------------------------------
 # Files.
 
@@ -164,7 +178,8 @@ def resolve_family(family: str, *, latency: Mapping | None = None,
     families = latency.get("families", {})
     basis = follow(family, families, latency.get("family_fallback", {}))
     entry = families.get(basis, {})
-    fit = dict(family=family, latency_basis=basis, efficiency=dict(entry.get("efficiency", {})),
+    fit = dict(family=family, latency_basis=basis,
+               efficiency=with_prefill_attention(entry.get("efficiency", {})),
                scale_up=dict(entry.get("scale_up", {})))
     measured = power.get("families", {})
     if family in measured and family != holdout:

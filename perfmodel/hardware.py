@@ -52,9 +52,24 @@ class Efficiency(eqx.Module):
     kernel_overhead: jnp.ndarray = eqx.field(converter=as_number, default=2e-6)
     """Launch, ramp and tail time per kernel (s)."""
     attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
-    """Fraction of peak FLOP/s the attention kernels of MLA and windowed models reach
-    (DeepSeek-V3/R1 and Kimi; gpt-oss's sliding windows with sinks): the ones the latency
-    fit measures, on InferenceMAX's DeepSeek-R1 and gpt-oss rows (dimensionless, (0, 1])."""
+    """Fraction of peak FLOP/s the decode attention kernels of MLA and windowed models
+    reach (DeepSeek-V3/R1 and Kimi: the absorbed MLA kernel over the latent cache; gpt-oss's
+    sliding windows with sinks), MTP verification included: fitted on InferenceMAX's
+    DeepSeek-R1 and gpt-oss rows, which hardly constrain it, so it sits near its prior,
+    0.3, from MLA decode-kernel microbenchmarks (`calibration.params.FAMILY_FIELDS` gives
+    them: 0.26 on B200, 0.39 on Hopper, of the BF16 peak), not FlashMLA's best case (660 of
+    H800's 989 TFLOP/s). The default here, for chips built without a fit, is 0.5
+    (dimensionless, (0, 1])."""
+    prefill_attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
+    """Fraction of peak FLOP/s the prompt (prefill) attention of the same models reaches:
+    a different kernel from decode's (MLA prefill runs non-absorbed multi-head attention
+    over the prompt, FlashAttention-style), so a separate fitted term (dimensionless,
+    (0, 1]). The fit puts it below `attention_max` (0.06-0.19 against 0.08-0.46,
+    `perfmodel/data/fitted_params.json`): the rows' time to first token grows faster with
+    the prompt than these FLOPs at FlashAttention's rate explain, and the fit charges the
+    difference here, the one prompt-quadratic term it has. Fitted files without it
+    (before 2026-12-04) priced prompt attention at `attention_max`, and `perfmodel.fitted`
+    reads them that way."""
     full_attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
     """Fraction of peak FLOP/s the attention kernels of full (unwindowed) GQA/MHA models
     reach (Llama, Qwen, Mixtral: FlashAttention's kernels). Not fitted (no InferenceMAX row
@@ -82,7 +97,7 @@ class Efficiency(eqx.Module):
         check(self, {"compute_max": FRACTION, "compute_rows_half": POSITIVE,
                      "bandwidth_max": FRACTION, "memory_latency": NON_NEGATIVE,
                      "kernel_overhead": NON_NEGATIVE, "attention_max": FRACTION,
-                     "full_attention_max": FRACTION,
+                     "prefill_attention_max": FRACTION, "full_attention_max": FRACTION,
                      "format_ceiling": Range(low=0.0, low_open=True, infinite=True)})
 
     def class_peaks(self, peak_flops):

@@ -32,8 +32,13 @@ from .moe import expert_load
 from .smooth import DEFAULT_SHARPNESS, smooth_max, smooth_min
 from .static import add_if, branch, logical_and, logical_not, minimum
 
-OPERATOR_NAMES = ("qkv_proj", "attention", "out_proj", "router", "experts", "shared_experts",
-                  "dense_ffn", "lm_head", "draft")
+OPERATOR_NAMES = ("qkv_proj", "attention", "prefill_attention", "out_proj", "router",
+                  "experts", "shared_experts", "dense_ffn", "lm_head", "draft")
+
+#: Operators whose FLOPs run at an attention kernel's own ceiling, not a matmul's row ramp:
+#: 1 decode attention (`Efficiency.attention_max`), 2 prompt attention
+#: (`Efficiency.prefill_attention_max`); 0 for every other operator.
+ATTENTION_KIND = {"attention": 1, "prefill_attention": 2}
 
 
 class Operator(eqx.Module):
@@ -143,14 +148,15 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         # Decode (absorbed): q_nope -> latent and latent -> v per head; attention over the
         # 576-wide latent for scores and the 512-wide latent for values.
         qkv_flops = 2.0 * attn_tokens * (proj_params * heads / N + absorb_params * heads / N)
-        attn_flops = (2.0 * attn_decode_seqs * verify * heads * decode_ctx_layers * (2 * r + qr)
-                      + 2.0 * attn_prefill * heads * prefill_ctx_layers * (nope + qr + vd))
+        attn_flops = 2.0 * attn_decode_seqs * verify * heads * decode_ctx_layers * (2 * r + qr)
+        # Prompt attention is not absorbed: keys of nope + rope and values of vd per head.
+        prefill_attn_flops = 2.0 * attn_prefill * heads * prefill_ctx_layers * (nope + qr + vd)
         out_params = N * vd * D
     else:
         proj_params = D * (N + 2 * K) * H
         qkv_flops = 2.0 * attn_tokens * proj_params * heads / N
-        attn_flops = 4.0 * (attn_decode_seqs * verify * decode_ctx_layers
-                            + attn_prefill * prefill_ctx_layers) * heads * H
+        attn_flops = 4.0 * attn_decode_seqs * verify * decode_ctx_layers * heads * H
+        prefill_attn_flops = 4.0 * attn_prefill * prefill_ctx_layers * heads * H
         out_params = N * H * D
         absorb_params = 0
     qkv_weights = L * (proj_params + absorb_params) * attn_weight_share * prec.weight_bytes
@@ -176,8 +182,13 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
 
     op("qkv_proj", L * qkv_flops, qkv_weights, attn_tokens, prec.weight_compute, 2 * L,
        act_features=L * (D + (N + 2 * K) * H * heads / N), fabric_rows=L * attn_tokens)
+    # Decode and prompt attention are different kernels with their own ceilings
+    # (`attention_kernels`); the cache traffic and the per-layer launches stay with
+    # "attention", so a step without a prompt chunk costs what it did as one operator.
     op("attention", attn_flops, 0.0, attn_tokens, prec.attention_compute, L,
        kv=kv_read + kv_write + kv_prefix)
+    op("prefill_attention", prefill_attn_flops, 0.0, attn_prefill, prec.attention_compute,
+       0.0)
     op("out_proj", L * 2.0 * attn_tokens * out_params * heads / N,
        L * out_params * attn_weight_share * prec.weight_bytes, attn_tokens,
        prec.weight_compute, L, act_features=L * 2 * D, fabric_rows=L * attn_tokens)
@@ -323,9 +334,10 @@ def _energy_per_flop(op: Operator, chip: Chip, unrolled: bool = True):
 
 
 def attention_kernels(model: Model, chip: Chip) -> Chip:
-    """`chip` with the attention efficiency of `model`'s kernels as `attention_max`: the
-    fitted one for MLA and windowed attention (`Efficiency.attention_max`), FlashAttention's
-    for full GQA/MHA (`Efficiency.full_attention_max`).
+    """`chip` with the attention efficiencies of `model`'s kernels: the fitted decode and
+    prompt ones for MLA and windowed attention (`Efficiency.attention_max`,
+    `Efficiency.prefill_attention_max`), FlashAttention's for both phases of full GQA/MHA
+    (`Efficiency.full_attention_max`).
 
     Example:
         >>> from perfmodel.presets import get_chip, get_model
@@ -339,13 +351,15 @@ def attention_kernels(model: Model, chip: Chip) -> Chip:
     """
     if model.attention == "mla" or model.num_sliding_layers:
         return chip
-    return eqx.tree_at(lambda c: c.efficiency.attention_max, chip,
-                       chip.efficiency.full_attention_max)
+    full = chip.efficiency.full_attention_max
+    return eqx.tree_at(lambda c: (c.efficiency.attention_max,
+                                  c.efficiency.prefill_attention_max), chip, (full, full))
 
 
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
                    decode_seqs_per_chip, sharpness, hard, peak=None):
-    """`operator_time` with the operator's kind given as data, `attention` (bool) and the
+    """`operator_time` with the operator's kind given as data, `attention` (an
+    `ATTENTION_KIND` code: 0 none, 1 decode, 2 prompt attention) and the
     placement of its weights `weight_map`, so that `jax.vmap` can run a stack of operators
     through one copy of the formulas. `peak` (FLOP/s), when given, is the operator's peak
     for its `compute_mix` (`_peak`), reduced by the caller."""
@@ -353,7 +367,9 @@ def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Desi
     if peak is None:
         peak = _peak(op, chip)
     # Attention kernels reach their own ceiling; matmuls a fraction set by their rows.
-    fraction = jnp.where(attention, eff.attention_max, eff.compute_fraction(op.rows))
+    fraction = jnp.where(attention == 1, eff.attention_max,
+                         jnp.where(attention == 2, eff.prefill_attention_max,
+                                   eff.compute_fraction(op.rows)))
     compute = op.flops * (1.0 / (peak * jnp.maximum(fraction, 1e-6)))
     # Slice mapping: interleaved reads cross the fabric; partitioned KV idles slices when
     # fewer sequences than slices run; partitioned weights reduce partial sums across slices.
@@ -387,7 +403,8 @@ def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip
     """Seconds of one operator on one chip: smooth max of compute, memory and slice-fabric
     time, plus per-kernel overhead. Returns (seconds, slice-fabric bytes). `peak` (FLOP/s),
     when given, is the operator's peak (`_peak`), computed by the caller."""
-    return _operator_time(op, op.name == "attention", design.mapping.weight_class(op.name),
+    return _operator_time(op, ATTENTION_KIND.get(op.name, 0),
+                          design.mapping.weight_class(op.name),
                           chip, design, decode_seqs_per_chip, sharpness, hard, peak)
 
 
@@ -438,7 +455,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
                 / runtime.kernel_efficiency
             return t, op.flops * per_flop, op.flops, op.hbm_bytes
 
-        kinds = np.asarray([(op.name == "attention", op.name == "experts") for op in ops])
+        kinds = np.asarray([(ATTENTION_KIND.get(op.name, 0), op.name == "experts")
+                            for op in ops])
         # Each operator's peak FLOP/s and energy per FLOP are reduced over its compute mix
         # before stacking: a stacked (operators, ..., classes) mix would be an array of the
         # gradient step over XLA:CPU's 512-byte limit for running a loop body in order

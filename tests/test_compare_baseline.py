@@ -78,29 +78,19 @@ def check():
 
 
 @pytest.mark.slow   # about 16 eager evaluations of disaggregated layouts
-def test_baseline_within_25_percent_of_measured_top_without_mtp(check):
+def test_baseline_within_15_percent_of_measured_top_without_mtp(check):
+    """Issue 21's bar. Met since decode and prompt attention are fitted apart (0.97x
+    throughput, 0.86x interactivity; 0.81x and 0.79x with one attention term)."""
     r = check[False]
     assert r["predicted_config"].startswith("dynamo-trt no-mtp P[")
-    assert r["ratio_tput"] == pytest.approx(1.0, abs=0.25)
-    assert r["ratio_interactivity"] == pytest.approx(1.0, abs=0.25)
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known miss (README, Jalapeno comparison): with the "
-                   "format ceiling (FP4 matmuls at the rate aiconfigurator's GEMMs measure) "
-                   "the recipe's top comes out at about 0.8x measured throughput and "
-                   "interactivity; the DeepSeek-R1 GB200 Dynamo-TRT rows are the fit's "
-                   "worst group (24 % median throughput error on fitted rows)")
-def test_baseline_within_15_percent_of_measured_top_without_mtp(check):
-    r = check[False]
     assert r["ratio_tput"] == pytest.approx(1.0, abs=0.15)
     assert r["ratio_interactivity"] == pytest.approx(1.0, abs=0.15)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known miss (README, Jalapeno comparison): MTP "
-                   "verification triples the compute-bound FP8 attention in the model, "
-                   "interactivity about 0.7x of measured at the MTP top")
+@pytest.mark.xfail(strict=True, reason="known miss (README, Jalapeno comparison): at the MTP "
+                   "top the recipe's throughput is 0.89x measured but its interactivity "
+                   "0.79x (calibration/baseline_check.md)")
 def test_baseline_within_15_percent_of_measured_top_with_mtp(check):
     r = check[True]
     assert r["ratio_tput"] == pytest.approx(1.0, abs=0.15)

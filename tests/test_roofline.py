@@ -136,37 +136,65 @@ def test_prefill_is_compute_bound_and_decode_memory_bound():
 
 
 def test_each_model_runs_its_own_attention_kernels():
-    """Full GQA attention (Llama) runs at FlashAttention's `full_attention_max`, MLA
-    (DeepSeek-R1) and windowed attention (gpt-oss) at the fitted `attention_max`: a prefill
-    step's attention time follows its own field and ignores the other, and compute-bound
-    full attention takes FLOPs / (peak x full_attention_max)."""
+    """Full GQA attention (Llama) runs at FlashAttention's `full_attention_max` in both
+    phases; MLA (DeepSeek-R1) and windowed attention (gpt-oss) at the fitted
+    `prefill_attention_max` over the prompt and `attention_max` in decode. Each phase's
+    attention time follows its own field and ignores the other two, and compute-bound full
+    attention takes FLOPs / (peak x full_attention_max)."""
     import equinox as eqx
 
     chip = pm.get_chip("h100")
+    fields = ("attention_max", "prefill_attention_max", "full_attention_max")
 
-    def attention_time(name, **efficiency):
+    def attention_time(name, phase, **efficiency):
         model = pm.get_model(name)
         c = eqx.tree_at(lambda x: tuple(getattr(x.efficiency, k) for k in efficiency), chip,
                         tuple(efficiency.values()))
-        design = pm.Design(concurrency=1.0, layout=pm.Layout(tp=8),
-                           precision=pm.precision(c, model))
-        cost = pm.step_cost(model, c, design, design.layout, 0.0, 0.0, 8192.0, 4096.0, 1.0,
-                            hard=True)
-        ops = pm.operators(model, c, design, design.layout, 0.0, 0.0, 8192.0, 4096.0, 1.0)
-        i = OPERATOR_NAMES.index("attention")
+        # A prompt step (8192 tokens, no decode) or a decode step (256 sequences, 8k deep;
+        # DP attention, so that all 128 MLA heads read each chip's latent cache: compute-bound).
+        layout = pm.Layout(tp=8, dp_attention=phase == "decode")
+        design = pm.Design(concurrency=1.0, layout=layout, precision=pm.precision(c, model))
+        step = (0.0, 0.0, 8192.0, 4096.0, 1.0) if phase == "prefill" else \
+            (256.0, 8192.0, 0.0, 0.0, 0.0)
+        cost = pm.step_cost(model, c, design, design.layout, *step, hard=True)
+        ops = pm.operators(model, c, design, design.layout, *step)
+        i = OPERATOR_NAMES.index("prefill_attention" if phase == "prefill" else "attention")
         return float(cost.operator_times[i]), ops[i], c
 
-    for name, own, other in (("llama-3.1-70b", "full_attention_max", "attention_max"),
-                             ("deepseek-r1", "attention_max", "full_attention_max"),
-                             ("gpt-oss-120b", "attention_max", "full_attention_max")):
-        base = attention_time(name, **{own: 0.5, other: 0.5})[0]
-        assert attention_time(name, **{own: 0.25, other: 0.5})[0] > 1.5 * base, name
-        assert attention_time(name, **{own: 0.5, other: 0.05})[0] == pytest.approx(
-            base, rel=1e-12), name
-    t, op, c = attention_time("llama-3.1-70b", full_attention_max=0.5)
+    # (GQA decode is memory-bound at any of these efficiencies.)
+    for name, phase, own in (("llama-3.1-70b", "prefill", "full_attention_max"),
+                             ("deepseek-r1", "prefill", "prefill_attention_max"),
+                             ("deepseek-r1", "decode", "attention_max"),
+                             ("gpt-oss-120b", "prefill", "prefill_attention_max")):
+        others = [f for f in fields if f != own]
+        half = dict.fromkeys(fields, 0.5)
+        base = attention_time(name, phase, **half)[0]
+        assert attention_time(name, phase, **{**half, own: 0.25})[0] > 1.5 * base, \
+            (name, phase)
+        assert attention_time(name, phase, **{**half, **dict.fromkeys(others, 0.05)})[0] \
+            == pytest.approx(base, rel=1e-12), (name, phase)
+    t, op, c = attention_time("llama-3.1-70b", "prefill", full_attention_max=0.5)
     peak = float(c.efficiency.class_peaks(c.peak_flops)[COMPUTE_CLASSES.index("bf16")])
     assert t >= float(op.flops) / (peak * 0.5)
     assert t == pytest.approx(float(op.flops) / (peak * 0.5), rel=0.05)
+
+
+def test_old_fitted_files_price_prompt_attention_as_before():
+    """A fitted file written before `prefill_attention_max` existed prices prompt
+    attention at its `attention_max`, as it was fitted (`fitted.with_prefill_attention`);
+    a file that has the field keeps its own value."""
+    from perfmodel.fitted import apply
+
+    old = {"families": {"hopper": {"efficiency": {"attention_max": 0.07}}}}
+    new = {"families": {"hopper": {"efficiency": {"attention_max": 0.07,
+                                                  "prefill_attention_max": 0.3}}}}
+    raw = pm.get_chip("h100", calibrated=False)
+    e_old = apply(raw, latency=old, power={}).efficiency
+    e_new = apply(raw, latency=new, power={}).efficiency
+    assert float(e_old.prefill_attention_max) == pytest.approx(0.07)
+    assert float(e_new.prefill_attention_max) == pytest.approx(0.3)
+    assert float(e_new.attention_max) == pytest.approx(0.07)
+
 
 @pytest.mark.parametrize("tp, ep", [(8, 4), (8, 8), (8, 1), (4, 2)])
 def test_link_bytes_count_every_collective(tp, ep):
@@ -262,7 +290,7 @@ def test_format_ceiling_bounds_narrow_formats():
     got = np.asarray(chip.efficiency.class_peaks(chip.peak_flops))
     ceiling = peaks / (1.0 + peaks / (rho * peaks[0]))
     np.testing.assert_allclose(got, ceiling * peaks[0] / ceiling[0], rtol=1e-12)
-    assert got[0] == peaks[0]
+    assert got[0] == pytest.approx(peaks[0], rel=1e-14)   # BF16 keeps its peak (to rounding)
     fraction = dict(zip(COMPUTE_CLASSES, got / peaks, strict=True))
     assert fraction["bf16"] > fraction["fp8"] > fraction["fp4"]
     none = eqx.tree_at(lambda e: e.format_ceiling, chip.efficiency, jnp.asarray(jnp.inf))

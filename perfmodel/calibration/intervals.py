@@ -87,7 +87,7 @@ def parameter_names(params: Params) -> tuple[str, ...]:
     """"family:field" and "framework:field" names in the order of `params.flat`.
 
     Example:
-        >>> parameter_names(Params.prior(("hopper",), ("vllm",)))[::10]
+        >>> parameter_names(Params.prior(("hopper",), ("vllm",)))[::11]
         ('hopper:compute_max', 'vllm:step_overhead')
     """
     return (tuple(f"{fam}:{f[0]}" for fam in params.families for f in FAMILY_FIELDS)

@@ -27,18 +27,27 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..datasets import MTP_ACCEPTANCE
+from ..fitted import with_prefill_attention
 from ..hardware import Chip
 
 #: (name, space, prior value, prior width in the unconstrained space) per chip family.
 #: Priors: aiconfigurator's 0.8 x HBM and 3 us memory latency (see `hardware.Efficiency`),
-#: NCCL's few-us launch cost.
+#: NCCL's few-us launch cost. Decode attention (`attention_max`, which the InferenceMAX rows
+#: hardly constrain) 0.3 of the BF16 peak, from MLA decode-kernel microbenchmarks at
+#: compute-bound shapes: TensorRT-LLM's trtllm-gen kernel on B200 (SM100), batch 256, 16
+#: heads, 4 query tokens, 80k cached tokens, FP8 cache: 4,855 us (vllm-project/vllm PR
+#: 41778), 2.85e12 FLOP at 2 (576 + 512) FLOP per head, query and cached token, so 0.59
+#: PFLOP/s, 0.26 of B200's dense BF16 2.25 PFLOP/s; FlashMLA on Hopper, batch 128, 1,151
+#: cached tokens: 386 TFLOP/s (tile-ai/tilelang issue 1859), 0.39 of 989. Prompt attention
+#: (`prefill_attention_max`) 0.5, FlashAttention's lower end (`Efficiency.full_attention_max`).
 FAMILY_FIELDS = (
     ("compute_max", "logit", 0.75, 1.0),
     ("compute_rows_half", "log", 64.0, 1.5),
     ("bandwidth_max", "logit", 0.8, 1.0),
     ("memory_latency", "log", 3e-6, 1.0),
     ("kernel_overhead", "log", 2e-6, 1.0),
-    ("attention_max", "logit", 0.5, 1.0),
+    ("attention_max", "logit", 0.3, 1.0),
+    ("prefill_attention_max", "logit", 0.5, 1.0),
     ("format_ceiling", "log", 4.0, 1.0),
     ("collective_efficiency", "logit", 0.8, 1.0),
     ("collective_latency", "log", 1e-6, 1.5),
@@ -61,7 +70,7 @@ FRAMEWORK_FIELDS = (
 SPECULATION_FIELDS = ("mtp_acceptance",)
 FAMILY_NAMES = tuple(f[0] for f in FAMILY_FIELDS)
 FRAMEWORK_NAMES = tuple(f[0] for f in FRAMEWORK_FIELDS)
-_EFFICIENCY = FAMILY_NAMES[:7]
+_EFFICIENCY = FAMILY_NAMES[:8]
 _COLLECTIVE = {"collective_efficiency": "efficiency", "collective_latency": "latency",
                "collective_base_latency": "base_latency"}
 
@@ -314,7 +323,7 @@ def from_json(data: dict) -> Params:
     for fam, groups in data.get("families", {}).items():
         if "efficiency" not in groups:
             continue
-        v = dict(groups["efficiency"])
+        v = with_prefill_attention(groups["efficiency"])
         for key, field in _COLLECTIVE.items():
             if field in groups.get("scale_up", {}):
                 v[key] = groups["scale_up"][field]

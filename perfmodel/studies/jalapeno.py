@@ -354,7 +354,7 @@ def _each(fn, items) -> list:
 def compare(models=None, chip: str = "jalapeno", baselines=None, isl: int = 8192,
             osl: int = 1024, reported: bool = False, modes=("predicted", "inferred"),
             chips: int | None = None, grid=DEFAULT_GRID, threshold: float | None = None,
-            infer_steps: int = 100, progress: bool | None = None, peak: str = "top",
+            infer_steps: int = 400, progress: bool | None = None, peak: str = "top",
             chip_top: str | float = JALAPENO_TOP, recipe: bool = True,
             wide: int = WIDE_CHIPS, throw: bool = True) -> list[dict]:
     """Compare a chip with baselines on models (defaults: the three reported pairs).
