@@ -252,6 +252,11 @@ def _one_hot(cls: str):
 _WIDTH_ORDER = ("int4", "mxfp4", "nvfp4", "int8", "fp8", "fp16", "bf16", "fp32")
 
 
+def _generic_fp4(name: str | None) -> bool:
+    """Whether a requested format is plain "fp4" (resolved per chip and model)."""
+    return isinstance(name, str) and name.strip().lower() == "fp4"
+
+
 def precision(chip: Chip, model: Model, weights: str | None = None,
               experts: str | None = None, kv: str | None = None,
               activations: str = "bf16", attention: str = "bf16", *,
@@ -288,7 +293,7 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         >>> from perfmodel.presets import get_chip, get_model
         >>> p = precision(get_chip("b200"), get_model("gpt-oss-120b"), "fp4")
         >>> p.names
-        ('bf16', 'nvfp4', 'bf16')
+        ('bf16', 'mxfp4', 'bf16')
     """
     given = {"weights": weights, "experts": experts, "kv": kv, "activations": activations,
              "attention": attention}
@@ -304,6 +309,11 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
     if model.is_moe:
         expert_fmt = resolve_format(experts, flavor) if experts else \
             (base or resolve_format(model.expert_format, flavor))
+        released_experts = resolve_format(model.expert_format, flavor)
+        if FORMAT_CLASS[released_experts] == "fp4" and _generic_fp4(experts or weights):
+            # Plain "fp4" of a model released with FP4 experts is its checkpoint (gpt-oss:
+            # MXFP4, on every chip), not the chip's own FP4 flavour.
+            expert_fmt = released_experts
         released = resolve_format(model.weight_format, flavor)
         if base is None:
             weight_fmt = released
@@ -482,6 +492,12 @@ class Runtime(eqx.Module):
     request_overhead: jnp.ndarray = eqx.field(converter=as_number, default=0.015)
     """Per-request time outside the engine steps, seen by the client in TTFT and E2E: HTTP,
     tokenization, hand-off to the engine process, the first streamed chunk (s)."""
+    prefill_request_time: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Host time per request whose prompt is in an engine step, not hidden behind the GPU:
+    scheduling it and allocating its KV blocks, and on a disaggregated prefill instance
+    setting up the hand-off of its KV cache to the decode instance (s). Paid in the step
+    (`roofline.step_cost`, per prompt of `prefill_seqs`), so it lowers a prefill pool's
+    capacity and adds to TTFT."""
     admission_steps: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
     """Engine steps a new request waits before its prefill is scheduled (0.5: the step in
     flight; schedulers that favour running decodes wait longer) (steps)."""
@@ -506,6 +522,7 @@ class Runtime(eqx.Module):
     def __check_init__(self):
         check(self, {"step_overhead": NON_NEGATIVE, "seq_overhead": NON_NEGATIVE,
                      "request_overhead": NON_NEGATIVE, "admission_steps": NON_NEGATIVE,
+                     "prefill_request_time": NON_NEGATIVE,
                      "activation_reserve": NON_NEGATIVE,
                      "max_batched_tokens": Range(low=1.0),
                      "max_running": Range(low=1.0, infinite=True),

@@ -86,16 +86,35 @@ def bytes_per_element(name: str, fp4_flavor: str = "nvfp4") -> float:
     return FORMAT_BYTES[resolve_format(name, fp4_flavor)]
 
 
+#: Weight formats whose matmuls take wider activations on chips of a given FP4 flavour, and
+#: the class they then run at. MXFP4 weights on NVIDIA Blackwell (whose own FP4 is NVFP4)
+#: run with MXFP8 activations: TensorRT-LLM's MoE support matrix for gpt-oss lists MXFP8
+#: activations x MXFP4 weights for B200/GB200/B300/GB300 on its default (TRTLLM) backend
+#: ("Deployment Guide for GPT-OSS on TensorRT-LLM - Blackwell Hardware", MoE Backend Support
+#: Matrix, nvidia.github.io/TensorRT-LLM/deployment-guide/deployment-guide-for-gpt-oss-on-
+#: trtllm.html), and vLLM ships FlashInfer's MXFP4 x MXFP8 MoE kernels for Blackwell, built
+#: for gpt-oss (vllm-project/vllm issue 35528). A mixed FP4 x FP8 tensor-core MMA runs at the
+#: FP8 rate; only FP4 x FP4 reaches the FP4 rate.
+MIXED_INPUT_CLASS: dict[tuple[str, str], str] = {("mxfp4", "nvfp4"): "fp8"}
+
+
 def compute_class(name: str, native: tuple[str, ...], fp4_flavor: str = "nvfp4") -> str:
     """The compute class a matmul with operands in `name` runs at on a chip.
 
-    A format the chip runs natively keeps its class; otherwise the weights are dequantized and
-    the matmul runs at BF16 (e.g. MXFP4 weights on H100/H200 run as W4A16, as vLLM's Marlin
-    kernels do).
+    A format the chip runs natively keeps its class, unless the engines run it with wider
+    activations on that chip (`MIXED_INPUT_CLASS`: MXFP4 on NVIDIA Blackwell runs at FP8);
+    otherwise the weights are dequantized and the matmul runs at BF16 (e.g. MXFP4 weights on
+    H100/H200 run as W4A16, as vLLM's Marlin kernels do).
 
     Example:
         >>> compute_class("mxfp4", ("bf16", "fp8", "int8"))
         'bf16'
+        >>> compute_class("mxfp4", ("bf16", "fp8", "int8", "fp4"), "nvfp4")
+        'fp8'
     """
-    cls = FORMAT_CLASS[resolve_format(name, fp4_flavor)]
-    return cls if cls in native else "bf16"
+    fmt = resolve_format(name, fp4_flavor)
+    cls = FORMAT_CLASS[fmt]
+    if cls not in native:
+        return "bf16"
+    mixed = MIXED_INPUT_CLASS.get((fmt, fp4_flavor))
+    return mixed if mixed is not None and mixed in native else cls

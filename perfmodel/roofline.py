@@ -486,7 +486,8 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     comm = comm / runtime.kernel_efficiency
     busy = operators_time + comm
     total = busy + runtime.step_overhead \
-        + runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float)
+        + runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float) \
+        + runtime.prefill_request_time * jnp.asarray(prefill_seqs, dtype=float)
     return StepCost(time=total, flops=flops, hbm_bytes=hbm_bytes, link_bytes=sent,
                     compute_energy=energy, collective_time=comm, operator_times=times,
                     busy_time=busy)

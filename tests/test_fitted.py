@@ -6,6 +6,7 @@ import json
 import pytest
 
 from perfmodel import fitted
+from perfmodel.design import Runtime
 from perfmodel.presets import get_chip
 
 LATENCY = {"families": {"blackwell": {"efficiency": {"compute_max": 0.6},
@@ -110,3 +111,21 @@ def test_write_read_round_trip(tmp_path):
 def test_follow_stops_on_cycles():
     assert fitted.follow("a", {"z"}, {"a": "b", "b": "a"}) == ""
     assert fitted.follow("", {"z"}, {}) == ""
+
+
+def test_a_file_fitted_without_prefill_request_time_predicts_without_it():
+    """Both readers of a latency file written before `prefill_request_time` existed (the
+    shipped file of an earlier fit, `tests/data/reference_fit`) give the term as it was
+    fitted, zero: `runtime_for` through `Runtime`'s default, `params.from_json` through
+    `fitted.with_framework_terms`."""
+    from perfmodel.calibration.params import from_json
+
+    old = {"frameworks": {"vllm": {"step_overhead": 2e-3, "request_overhead": 0.01}}}
+    terms = fitted.runtime_terms("vllm", latency=old)
+    assert float(Runtime(**terms).prefill_request_time) == 0.0
+    values = from_json(old).values()["frameworks"]["vllm"]
+    assert values["prefill_request_time"] < 1e-20 and values["step_overhead"] == \
+        pytest.approx(2e-3)
+    new = {"frameworks": {"vllm": {"prefill_request_time": 3e-3}}}
+    assert from_json(new).values()["frameworks"]["vllm"]["prefill_request_time"] == \
+        pytest.approx(3e-3)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+import equinox as eqx
 import numpy as np
 import pytest
 
 import perfmodel as pm
+from perfmodel import roofline
 from perfmodel.formats import COMPUTE_CLASSES
 from perfmodel.roofline import OPERATOR_NAMES, operator_time
 
@@ -326,3 +328,28 @@ def test_fit_orders_the_formats_as_the_gemm_timings_do(name, dtype):
     if dtype == "nvfp4":
         full = eqx.tree_at(lambda c: c.efficiency.format_ceiling, chip, jnp.asarray(jnp.inf))
         assert _gemm_ratios(full, dtype)[1] < 0.7 * measured
+
+
+def test_prefill_request_time_is_paid_per_prompt_and_caps_a_prefill_pool():
+    """`Runtime.prefill_request_time` adds its seconds once per prompt of a step, and a
+    disaggregated pool whose prefill instances saturate serves fewer requests per second,
+    each with a longer TTFT; a decode-only step does not pay it."""
+    chip, model = pm.get_chip("gb200"), pm.get_model("gpt-oss-120b")
+    # One prefill GPU for four decode instances (an InferenceMAX GB200 Dynamo-TRT layout).
+    layout = pm.Disaggregated(prefill=pm.Layout(), decode=pm.Layout(tp=2, ep=2,
+                                                                    dp_attention=True,
+                                                                    replicas=4))
+    base = pm.Design(concurrency=2560.0, layout=layout,
+                     precision=pm.precision(chip, model, "fp4"))
+    slow = eqx.tree_at(lambda d: d.runtime.prefill_request_time, base, 20e-3)
+    step = [roofline.step_cost(model, chip, d, pm.Layout(), 0.0, 0.0, prefill_tokens=8192.0,
+                               prefill_context=512.0, prefill_seqs=8.0, hard=True).time
+            for d in (base, slow)]
+    assert float(step[1] - step[0]) == pytest.approx(8 * 20e-3, rel=1e-9)
+    decode = [roofline.step_cost(model, chip, d, pm.Layout(), 64.0, 1024.0, hard=True).time
+              for d in (base, slow)]
+    assert float(decode[0]) == float(decode[1])
+    w = pm.Workload(1024.0, 1024.0)
+    fast_m, slow_m = (pm.predict(model, chip, w, d, hard=True) for d in (base, slow))
+    assert float(slow_m.throughput_per_chip) < 0.5 * float(fast_m.throughput_per_chip)
+    assert float(slow_m.ttft) > float(fast_m.ttft)

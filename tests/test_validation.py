@@ -316,3 +316,26 @@ def test_printed_formats_rebuild_the_precision():
     p = pm.precision(chip, model, "fp8", "nvfp4", "fp8")
     assert p.names == ("fp8", "nvfp4", "fp8")
     assert pm.precision(chip, model, "fp8").names == ("bf16", "fp8", "bf16")   # released wider
+
+
+def test_mxfp4_experts_take_fp8_activations_on_nvfp4_chips():
+    """gpt-oss's released MXFP4 experts run with MXFP8 activations on Blackwell (TensorRT-LLM's
+    MoE support matrix; `formats.MIXED_INPUT_CLASS`): the FP8 class at the checkpoint's 4.25
+    bits. Experts re-quantized to NVFP4 run at FP4; on MI355X, whose own FP4 is MXFP4, the
+    released experts run at FP4."""
+    model = pm.get_model("gpt-oss-120b")
+    b200, mi355x = pm.get_chip("b200"), pm.get_chip("mi355x")
+    hot = {c: [1.0 if k == c else 0.0 for k in pm.formats.COMPUTE_CLASSES]
+           for c in pm.formats.COMPUTE_CLASSES}
+    released = pm.precision(b200, model, "fp4")
+    assert released.names == ("bf16", "mxfp4", "bf16")
+    assert released.expert_compute.tolist() == hot["fp8"]
+    assert float(released.expert_bytes) == pm.formats.FORMAT_BYTES["mxfp4"]
+    assert pm.precision(b200, model, "nvfp4").expert_compute.tolist() == hot["fp4"]
+    assert pm.precision(mi355x, model, "fp4").expert_compute.tolist() == hot["fp4"]
+    # A model released wider: plain "fp4" is the chip's own FP4 (DeepSeek-R1 NVFP4 on B200).
+    assert pm.precision(b200, pm.get_model("deepseek-r1"), "fp4").expert_compute.tolist() == \
+        hot["fp4"]
+    # The printed names rebuild the same precision (what `perfmodel optimize` relies on).
+    rebuilt = pm.precision(b200, model, *released.names)
+    assert rebuilt.expert_compute.tolist() == released.expert_compute.tolist()

@@ -195,7 +195,8 @@ def _evaluate(rows, params, fallback, measured, power, jacobian: bool) -> list[d
             def metrics(delta, chip=chip, g=g, raw=raw, fw=fw, x=x):
                 # delta: one tangent for the family row and one for every row's framework
                 # row; each row depends on its own framework row only, so the Jacobian in
-                # delta is every row's Jacobian in its own 12 parameters.
+                # delta is every row's Jacobian in its own family and framework
+                # parameters.
                 m = row_metrics(g.model, chip, g.design, raw + delta[:len(FAMILY_FIELDS)],
                                 fw + delta[None, len(FAMILY_FIELDS):], **x)
                 row_values = m.to_row("pred_")

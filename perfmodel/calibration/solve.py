@@ -10,8 +10,9 @@ change by less than atol + rtol x their size in a step (a Cauchy test, in the ma
 Compilation: the solve is one program (optimistix runs its loop under `jax.lax.while_loop`),
 holding every batch of rows and its Jacobian. What keeps it affordable: aggregated rows of
 one model, chip and precision share one vmapped function (`data.batches`), the model runs
-with `vectorize=True`, each row's Jacobian is taken in its own 12 parameters
-(`latency.rowwise_jacobian`), and XLA:CPU's fusion emitters are off (`_CPU_COMPILER_OPTIONS`).
+with `vectorize=True`, each row's Jacobian is taken in its own family and framework
+parameters (`latency.rowwise_jacobian`), and XLA:CPU's fusion emitters are off
+(`_CPU_COMPILER_OPTIONS`).
 Which rows and samples are fitted are weights (array leaves), so every refit on a subset
 (held-out, leave-one-chip-out) reuses the compiled program.
 

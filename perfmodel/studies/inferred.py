@@ -122,7 +122,7 @@ class InferredParams(eqx.Module):
         >>> chip = get_chip("jalapeno")
         >>> p = InferredParams.of(chip, default_runtime(chip))
         >>> round(p.values()["step_overhead"], 6), round(p.values()["bandwidth_max"], 3)
-        (0.001, 0.897)
+        (0.001, 0.876)
     """
 
     memory_latency: jnp.ndarray = eqx.field(converter=_number)
@@ -212,7 +212,8 @@ def apply(params: InferredParams, chip: Chip, runtime: Runtime) -> tuple[Chip, R
         >>> runtime = default_runtime(chip)
         >>> p = InferredParams.of(chip, runtime)
         >>> c, r = apply(eqx.tree_at(lambda p: p.step_overhead, p, jnp.log(2e-3)), chip, runtime)
-        >>> round(float(r.step_overhead), 6), float(c.efficiency.bandwidth_max) > 0.88
+        >>> bandwidth = round(float(c.efficiency.bandwidth_max), 6)
+        >>> round(float(r.step_overhead), 6), bandwidth == round(p.values()["bandwidth_max"], 6)
         (0.002, True)
     """
     e = chip.efficiency
