@@ -474,8 +474,12 @@ def test_fit_sharded_over_four_devices_gives_the_same_parameters(tmp_path):
     out = json.loads(done.stdout.splitlines()[-1])
     one, four = out["None"], out["4"]
     assert (one["length"], four["length"]) == ([9], [12])      # three padding rows
-    # Each row's residuals and Jacobian are computed by the same code on any device: equal.
-    assert four["r"] == one["r"] and four["jac"] == one["jac"]
+    # Each row's residuals are computed by the same code on any device: equal. Its Jacobian
+    # too, to 1e-13 relative: the tangents run through fusions that XLA:CPU forms differently
+    # for a batch of 9 rows and one of 3 per device (1.1e-14 in 1 of 567 entries since the host
+    # time per prompt joined the step time, `Runtime.prefill_request_time`).
+    assert four["r"] == one["r"]
+    np.testing.assert_allclose(four["jac"], one["jac"], rtol=1e-13, atol=1e-300)
     assert (four["steps"], four["families"], four["frameworks"]) == \
         (one["steps"], one["families"], one["frameworks"])
     # The solve's programs differ (one device, four), and XLA's fusion with them: the
