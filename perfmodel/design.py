@@ -307,13 +307,14 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
     flavor = chip.fp4_flavor
     base = resolve_format(weights, flavor) if weights else None
     if model.is_moe:
-        expert_fmt = resolve_format(experts, flavor) if experts else \
-            (base or resolve_format(model.expert_format, flavor))
         released_experts = resolve_format(model.expert_format, flavor)
         if FORMAT_CLASS[released_experts] == "fp4" and _generic_fp4(experts or weights):
             # Plain "fp4" of a model released with FP4 experts is its checkpoint (gpt-oss:
             # MXFP4, on every chip), not the chip's own FP4 flavour.
             expert_fmt = released_experts
+        else:
+            expert_fmt = resolve_format(experts, flavor) if experts else \
+                (base or released_experts)
         released = resolve_format(model.weight_format, flavor)
         if base is None:
             weight_fmt = released

@@ -68,8 +68,7 @@ FRAMEWORK_FIELDS = (
     ("mtp_acceptance", "logit", MTP_ACCEPTANCE, 1.0),
     # Host time per prompt in a step: a wide prior around 1 ms, assumed (the scheduling and
     # KV-block allocation of one request; no measurement of it alone); the disaggregated
-    # prefill pools' saturated rows fit it. (A prior of 0.1 ms, log width 3, fitted worse:
-    # loss 95.4 against 93.5, Dynamo-TRT stayed at 0.15 ms.)
+    # prefill pools' saturated rows fit it.
     ("prefill_request_time", "log", 1e-3, 2.0),
 )
 #: The framework fields that are not `design.Runtime` fields (`runtime_values`).
