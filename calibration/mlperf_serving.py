@@ -154,7 +154,7 @@ def requests_for(row: dict, replicas: int, seed: int = 0):
     num = int(np.clip(np.ceil(4.0 * rate * e2e_bound), MIN_REQUESTS, MAX_REQUESTS))
     gaps = rng.gamma(float(replicas), 1.0 / (replicas * rate), size=num - 1)
     arrival = np.concatenate([[0.0], np.cumsum(gaps)])
-    inputs = np.full(num, INPUT[row["model"]])
+    inputs = np.full(num, round(INPUT[row["model"]]))   # whole tokens: the mean, rounded
     outputs = output_lengths(row["model"], num, rng)
     scored = (arrival >= 0.3 * arrival[-1]) & (arrival <= 0.7 * arrival[-1])
     return sim.trace(arrival, inputs, outputs, size=MAX_REQUESTS), np.concatenate(

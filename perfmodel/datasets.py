@@ -18,6 +18,10 @@ Interpretation of InferenceMAX rows (documented assumptions, see calibration/REA
   (`calibration.params.FRAMEWORK_FIELDS` "mtp_acceptance"), from the prior
   `MTP_ACCEPTANCE` (DeepSeek-V3 reports 85-90 % acceptance of the second token on real
   text; these prompts are random tokens).
+- KV-cache format: the optional `kv_cache_dtype` column (what the run's recipe set:
+  `--kv-cache-dtype fp8_e4m3`, `kv_cache_config.dtype: fp8`); empty, missing or "auto" is
+  the engine's default, the model's BF16. The shipped InferenceMAX rows do not carry it:
+  they are read, and the latency fit made, with BF16 caches.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import csv
 import math
 import os
 from dataclasses import dataclass
+
+from .formats import resolve_format
 
 #: Draft tokens assumed for InferenceMAX rows with MTP, and the prior of the per-token
 #: acceptance the latency fit fits for them.
@@ -286,12 +292,33 @@ def load_benchmarks(path: str | os.PathLike, require_measured: bool = False) -> 
                 if value is not None and value > 0:
                     measured[column] = value
         spec = row.get("spec_decoding", "none").lower()
+        kv = _kv_format(table, i)
         out.append(BenchRow(index=i, line=table.lines[i], model=row["model"],
                             hardware=row["hardware"], framework=row["framework"].lower(),
                             precision=row["precision"].lower(), isl=isl, osl=osl, conc=conc,
                             mtp=spec not in ("", "none", "false", "no"), layout=layout,
-                            prefill=prefill, decode=decode, measured=measured))
+                            prefill=prefill, decode=decode, measured=measured, kv=kv))
     return out
+
+
+#: `kv_cache_dtype` cells meaning the engine's default ("auto": the model's BF16).
+_KV_AUTO = ("", "auto", "none", "nan")
+
+
+def _kv_format(table: Table, i: int) -> str | None:
+    """The optional `kv_cache_dtype` cell of row `i` (what the run's `--kv-cache-dtype` or
+    `kv_cache_config.dtype` set): a format name (``fp8``, ``fp8_e4m3`` -> fp8, ``bf16``),
+    or None for "auto" or an empty cell (BF16 in `design.precision`)."""
+    text = table.rows[i].get("kv_cache_dtype", "").strip().lower()
+    if text in _KV_AUTO:
+        return None
+    name = text.split("_")[0]   # fp8_e4m3 / fp8_e5m2: the engines' FP8 variants
+    try:
+        resolve_format(name)
+    except ValueError as err:
+        raise DataError(f"{table.where(i, 'kv_cache_dtype')}: {err}; leave it empty or "
+                        "'auto' for the engine default (BF16)") from None
+    return name
 
 
 #: aiconfigurator system names -> chip presets.

@@ -31,7 +31,7 @@ Example:
     ...        "software": "vLLM 0.10.0", "mlperf_version": "v5.1"}
     >>> spec = interpret(row)
     >>> spec.model, spec.chip, spec.framework, spec.input_len
-    ('llama-3.1-8b', 'h100', 'vllm', 732.0)
+    ('llama-3.1-8b', 'h100', 'vllm', 870.73)
 """
 
 from __future__ import annotations

@@ -81,6 +81,21 @@ def test_gemm_and_nccl_loaders_check_names(tmp_path):
         datasets.load_nccl(path)
 
 
+def test_kv_cache_dtype_column_sets_the_row_kv_format(tmp_path):
+    """The optional `kv_cache_dtype` column: the engines' FP8 names read as fp8 (one byte
+    per value in the row's precision), "auto" or an empty cell as the BF16 default, and a
+    name that is no format is an error naming the column."""
+    header, row = HEADER.rstrip("\n") + ",kv_cache_dtype\n", GOOD.rstrip("\n")
+    rows = datasets.load_benchmarks(_write(tmp_path, header + row + ",fp8_e4m3\n"
+                                           + row + ",auto\n" + row + ",\n"))
+    assert [r.kv for r in rows] == ["fp8", None, None]
+    groups, errors = cal.data.build_groups(rows)   # FP8-KV rows are a structure of their own
+    assert not errors and sorted(float(g.design.precision.kv_bytes) for g in groups) == \
+        [1.0, 2.0]
+    with pytest.raises(datasets.DataError, match="kv_cache_dtype"):
+        datasets.load_benchmarks(_write(tmp_path, header + row + ",fp9\n"))
+
+
 def test_disaggregated_worker_size_from_gpu_counts(tmp_path):
     header = HEADER.strip() + (",prefill_tp,prefill_ep,prefill_dp_attention,"
                                "prefill_num_workers,decode_tp,decode_ep,decode_dp_attention,"
