@@ -31,7 +31,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from .formats import resolve_format
+from .formats import ALIASES, resolve_format
 
 #: Draft tokens assumed for InferenceMAX rows with MTP, and the prior of the per-token
 #: acceptance the latency fit fits for them.
@@ -312,13 +312,12 @@ def _kv_format(table: Table, i: int) -> str | None:
     text = table.rows[i].get("kv_cache_dtype", "").strip().lower()
     if text in _KV_AUTO:
         return None
-    name = text.split("_")[0]   # fp8_e4m3 / fp8_e5m2: the engines' FP8 variants
     try:
-        resolve_format(name)
+        resolve_format(text)   # the engines' names are `formats.ALIASES` (fp8_e4m3 -> fp8)
     except ValueError as err:
         raise DataError(f"{table.where(i, 'kv_cache_dtype')}: {err}; leave it empty or "
                         "'auto' for the engine default (BF16)") from None
-    return name
+    return ALIASES.get(text, text)   # plain "fp4" stays for `design.precision`'s chip
 
 
 #: aiconfigurator system names -> chip presets.

@@ -48,6 +48,8 @@ ALIASES: dict[str, str] = {
     "float32": "fp32",
     "e4m3": "fp8",
     "fp8_e4m3": "fp8",
+    "e5m2": "fp8",
+    "fp8_e5m2": "fp8",
     "w4a16": "int4",
 }
 
