@@ -20,8 +20,8 @@ Interpretation of InferenceMAX rows (documented assumptions, see calibration/REA
   text; these prompts are random tokens).
 - KV-cache format: the optional `kv_cache_dtype` column (what the run's recipe set:
   `--kv-cache-dtype fp8_e4m3`, `kv_cache_config.dtype: fp8`); empty, missing or "auto" is
-  the engine's default, the model's BF16. The shipped InferenceMAX rows do not carry it:
-  they are read, and the latency fit made, with BF16 caches.
+  the engine's default, the model's BF16. The shipped InferenceMAX rows carry the
+  InferenceX recipes' value per group (sources in calibration/README.md).
 """
 
 from __future__ import annotations

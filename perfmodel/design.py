@@ -490,6 +490,12 @@ class Runtime(eqx.Module):
     seq_overhead: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
     """Host time per running sequence per engine step not hidden behind the GPU (sampling,
     detokenization, scheduler bookkeeping); vLLM-era Python engines show tens of us (s)."""
+    stream_time: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Time per decoding sequence per engine step of the instance's streaming process, which
+    runs beside the GPU: detokenizing and streaming every request's tokens (SGLang's one
+    DetokenizerManager serves all DP ranks; Dynamo's frontend all workers). It bounds the
+    step from below instead of adding to it: a step lasts at least stream_time x the
+    instance's decoding sequences (`roofline.step_cost`) (s)."""
     request_overhead: jnp.ndarray = eqx.field(converter=as_number, default=0.015)
     """Per-request time outside the engine steps, seen by the client in TTFT and E2E: HTTP,
     tokenization, hand-off to the engine process, the first streamed chunk (s)."""
@@ -522,6 +528,7 @@ class Runtime(eqx.Module):
 
     def __check_init__(self):
         check(self, {"step_overhead": NON_NEGATIVE, "seq_overhead": NON_NEGATIVE,
+                     "stream_time": NON_NEGATIVE,
                      "request_overhead": NON_NEGATIVE, "admission_steps": NON_NEGATIVE,
                      "prefill_request_time": NON_NEGATIVE,
                      "activation_reserve": NON_NEGATIVE,

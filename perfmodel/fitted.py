@@ -5,7 +5,7 @@ Two fits write versioned JSON files into `perfmodel/data/`:
 - `fitted_params.json`, the latency fit (`calibration/fit.py`): per chip family the
   `Efficiency` fields and the scale-up collective terms; per serving framework the fitted
   `Runtime` terms (`step_overhead`, `request_overhead`, `admission_steps`,
-  `prefill_request_time`) and documented
+  `prefill_request_time`, `stream_time`) and documented
   settings; `family_fallback` and `framework_fallback` maps for the families and
   frameworks it had no data for.
 - `fitted_power.json`, the power fit (`calibration/power/fit.py`): per measured family the
@@ -75,16 +75,18 @@ def with_prefill_attention(efficiency: dict) -> dict:
 
 
 def with_framework_terms(terms: dict) -> dict:
-    """A fitted framework's terms with `prefill_request_time`: files written before it was a
-    field were fitted without it, and keep being predicted so (0 s, as `design.Runtime`'s
-    default gives `runtime_for`).
+    """A fitted framework's terms with `prefill_request_time` and `stream_time`: files
+    written before they were fitted fields were fitted without them, and keep being
+    predicted so (0 s, as `design.Runtime`'s defaults give `runtime_for`).
 
     Example:
-        >>> with_framework_terms({"step_overhead": 1e-3})["prefill_request_time"]
-        0.0
+        >>> t = with_framework_terms({"step_overhead": 1e-3})
+        >>> t["prefill_request_time"], t["stream_time"]
+        (0.0, 0.0)
     """
     v = dict(terms)
     v.setdefault("prefill_request_time", 0.0)
+    v.setdefault("stream_time", 0.0)
     return v
 
 

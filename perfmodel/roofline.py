@@ -421,9 +421,10 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     of the optimizer: XLA:CPU pays per operation) and slower under a wide `vmap` (sweeps,
     enumeration, fits: the stacking costs more than it saves there).
 
-    The step also pays the runtime's `step_overhead` and the collectives between chips; the
-    routed experts run at the runtime's `expert_efficiency`, and all kernels (collectives
-    included) at its `kernel_efficiency`.
+    The step also pays the runtime's `step_overhead` and the collectives between chips, and
+    lasts at least the runtime's `stream_time` per decoding sequence; the routed experts run
+    at the runtime's `expert_efficiency`, and all kernels (collectives included) at its
+    `kernel_efficiency`.
     Pipeline stages (`layout.pp`) split layers: a micro-batch crosses every stage, so the step
     time is that of all layers on one chip's share of weights, plus the stage hand-offs.
 
@@ -485,9 +486,13 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     comm, sent = _communication(model, chip, design, layout, tokens)
     comm = comm / runtime.kernel_efficiency
     busy = operators_time + comm
-    total = busy + runtime.step_overhead \
+    serial = busy + runtime.step_overhead \
         + runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float) \
         + runtime.prefill_request_time * jnp.asarray(prefill_seqs, dtype=float)
+    # The streaming process (one per instance, DP attention or not) works beside the GPU:
+    # it bounds the step, it does not add to it.
+    total = smooth_max(serial, runtime.stream_time * jnp.asarray(decode_seqs, dtype=float),
+                       sharpness=sharpness, hard=hard)
     return StepCost(time=total, flops=flops, hbm_bytes=hbm_bytes, link_bytes=sent,
                     compute_energy=energy, collective_time=comm, operator_times=times,
                     busy_time=busy)

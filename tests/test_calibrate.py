@@ -1,6 +1,7 @@
 """Calibration: parameter spaces, data validation, Jacobians, the optimistix fit (result
 codes, throw, synthetic recovery, determinism) and the shipped fit."""
 
+import csv
 import json
 import os
 import pathlib
@@ -94,6 +95,38 @@ def test_kv_cache_dtype_column_sets_the_row_kv_format(tmp_path):
         [1.0, 2.0]
     with pytest.raises(datasets.DataError, match="kv_cache_dtype"):
         datasets.load_benchmarks(_write(tmp_path, header + row + ",fp9\n"))
+
+
+def test_shipped_rows_carry_the_kv_formats_of_the_recipe_table():
+    """Every shipped InferenceMAX row's `kv_cache_dtype` is the one calibration/README.md's
+    table of InferenceX recipes gives its group (model, chip, framework, weight format), and
+    every row has a group there: the data and its documented source cannot drift apart."""
+    text = (ROOT / "calibration" / "README.md").read_text()
+    table = text[text.index("| group | script (commit) | setting | `kv_cache_dtype` |"):]
+    expected = {}
+    for line in table.splitlines()[2:]:
+        if not line.startswith("| "):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        model, chip, framework, *formats = cells[0].split()
+        # A group without a weight format (gpt-oss-120b: MXFP4 only) covers all its rows.
+        for fmt in [f for f in formats if f != "and"] or [None]:
+            key = (model.lower(), chip.lower(), framework.lower(), fmt and fmt.lower())
+            expected[key] = cells[-1].strip("`")
+    assert len(expected) == 16
+    with open(ROOT / "calibration" / "data" / "benchmarks_inferencemax.csv") as f:
+        rows = list(csv.DictReader(f))
+    seen = set()
+    for r in rows:
+        model = "deepseek-r1" if r["model"].lower().startswith("deepseek-r1") else \
+            r["model"].lower()
+        key = (model, r["hardware"], r["framework"], r["precision"])
+        if key not in expected:
+            key = key[:3] + (None,)
+        assert key in expected, key
+        assert r["kv_cache_dtype"] == expected[key], (key, r["kv_cache_dtype"])
+        seen.add(key)
+    assert seen == set(expected)
 
 
 def test_disaggregated_worker_size_from_gpu_counts(tmp_path):

@@ -113,19 +113,18 @@ def test_follow_stops_on_cycles():
     assert fitted.follow("", {"z"}, {}) == ""
 
 
-def test_a_file_fitted_without_prefill_request_time_predicts_without_it():
-    """Both readers of a latency file written before `prefill_request_time` existed (the
-    shipped file of an earlier fit, `tests/data/reference_fit`) give the term as it was
-    fitted, zero: `runtime_for` through `Runtime`'s default, `params.from_json` through
-    `fitted.with_framework_terms`."""
+@pytest.mark.parametrize("field", ["prefill_request_time", "stream_time"])
+def test_a_file_fitted_without_a_later_framework_term_predicts_without_it(field):
+    """Both readers of a latency file written before `prefill_request_time` or
+    `stream_time` were fitted (the shipped file of an earlier fit,
+    `tests/data/reference_fit`) give the term as it was fitted, zero: `runtime_for` through
+    `Runtime`'s default, `params.from_json` through `fitted.with_framework_terms`."""
     from perfmodel.calibration.params import from_json
 
     old = {"frameworks": {"vllm": {"step_overhead": 2e-3, "request_overhead": 0.01}}}
     terms = fitted.runtime_terms("vllm", latency=old)
-    assert float(Runtime(**terms).prefill_request_time) == 0.0
+    assert float(getattr(Runtime(**terms), field)) == 0.0
     values = from_json(old).values()["frameworks"]["vllm"]
-    assert values["prefill_request_time"] < 1e-20 and values["step_overhead"] == \
-        pytest.approx(2e-3)
-    new = {"frameworks": {"vllm": {"prefill_request_time": 3e-3}}}
-    assert from_json(new).values()["frameworks"]["vllm"]["prefill_request_time"] == \
-        pytest.approx(3e-3)
+    assert values[field] < 1e-20 and values["step_overhead"] == pytest.approx(2e-3)
+    new = {"frameworks": {"vllm": {field: 3e-6}}}
+    assert from_json(new).values()["frameworks"]["vllm"][field] == pytest.approx(3e-6)

@@ -353,3 +353,27 @@ def test_prefill_request_time_is_paid_per_prompt_and_caps_a_prefill_pool():
     fast_m, slow_m = (pm.predict(model, chip, w, d, hard=True) for d in (base, slow))
     assert float(slow_m.throughput_per_chip) < 0.5 * float(fast_m.throughput_per_chip)
     assert float(slow_m.ttft) > float(fast_m.ttft)
+
+
+@pytest.mark.parametrize("dp_attention", [False, True])
+def test_stream_time_bounds_the_step_from_below(dp_attention):
+    """`Runtime.stream_time` (the instance's streaming process, beside the GPU) leaves a
+    step that is longer than its work unchanged and sets the length of one that is
+    shorter, for every decoding sequence of the instance, DP attention or not; a
+    prefill-only step does not see it."""
+    chip, model = pm.get_chip("gb200"), pm.get_model("deepseek-r1")
+    layout = pm.Layout(tp=8, ep=8, dp_attention=dp_attention)
+    base = pm.Design(concurrency=800.0, layout=layout,
+                     precision=pm.precision(chip, model, "fp4", kv="fp8"))
+
+    def step(stream_time, decode_seqs=800.0, **kw):
+        d = eqx.tree_at(lambda x: x.runtime.stream_time, base, stream_time)
+        return float(roofline.step_cost(model, chip, d, layout, decode_seqs, 2048.0, hard=True,
+                                        **kw).time)
+
+    gpu = step(0.0)
+    assert step(0.5 * gpu / 800) == gpu
+    assert step(2.0 * gpu / 800) == pytest.approx(2.0 * gpu, rel=1e-12)
+    assert step(1e-3, decode_seqs=0.0, prefill_tokens=8192.0, prefill_context=512.0,
+                prefill_seqs=8.0) == step(0.0, decode_seqs=0.0, prefill_tokens=8192.0,
+                                          prefill_context=512.0, prefill_seqs=8.0)

@@ -9,8 +9,8 @@ so every value stays physical):
   cost);
 - per serving framework (`FRAMEWORK_FIELDS`): host time per engine step, per-request time
   outside the engine (HTTP, tokenization), the engine steps a new request waits before its
-  prefill is scheduled, host time per prompt in a step (`design.Runtime`), and the MTP
-  acceptance of its speculative rows.
+  prefill is scheduled, host time per prompt in a step, the streaming process's time per
+  sequence and step (`design.Runtime`), and the MTP acceptance of its speculative rows.
 
 `to_json` and `from_json` are the only writer and reader of the layout of
 `perfmodel/data/fitted_params.json` on the calibration side (`perfmodel.fitted` reads the
@@ -70,6 +70,11 @@ FRAMEWORK_FIELDS = (
     # KV-block allocation of one request; no measurement of it alone); the disaggregated
     # prefill pools' saturated rows fit it.
     ("prefill_request_time", "log", 1e-3, 2.0),
+    # Time per decoding sequence per step of the instance's streaming process
+    # (`design.Runtime.stream_time`; it bounds the step, beside the GPU): a wide prior around
+    # 5 us, assumed (one Python process detokenizing and streaming each token); the decode
+    # instances running 1,000+ sequences identify it.
+    ("stream_time", "log", 5e-6, 2.0),
 )
 #: The framework fields that are not `design.Runtime` fields (`runtime_values`).
 SPECULATION_FIELDS = ("mtp_acceptance",)
