@@ -22,6 +22,10 @@ Interpretation of InferenceMAX rows (documented assumptions, see calibration/REA
   `--kv-cache-dtype fp8_e4m3`, `kv_cache_config.dtype: fp8`); empty, missing or "auto" is
   the engine's default, the model's BF16. The shipped InferenceMAX rows carry the
   InferenceX recipes' value per group (sources in calibration/README.md).
+- Scheduler polling: the optional `poll_steps` column, the decode steps between the
+  scheduler's looks for new requests (SGLang's `--scheduler-recv-interval`,
+  `--num-continuous-decode-steps`); empty or missing is 1, the engines' default. The
+  shipped rows carry the InferenceX recipes' value (calibration/README.md).
 """
 
 from __future__ import annotations
@@ -195,6 +199,10 @@ class BenchRow:
     kv: str | None = None
     """KV-cache format where known (`design.precision`'s `kv`); None: BF16, the engines'
     "auto", which the InferenceMAX rows do not record."""
+    poll_steps: float = 1.0
+    """Decode steps between the scheduler's looks for new requests
+    (`design.Runtime.poll_steps`; the optional `poll_steps` column; 1, the engines'
+    default, where empty) (steps)."""
 
     @property
     def disaggregated(self) -> bool:
@@ -293,11 +301,17 @@ def load_benchmarks(path: str | os.PathLike, require_measured: bool = False) -> 
                     measured[column] = value
         spec = row.get("spec_decoding", "none").lower()
         kv = _kv_format(table, i)
+        poll = number(table, i, "poll_steps", optional=True)
+        if poll is not None and poll < 1.0:
+            raise DataError(f"{table.where(i, 'poll_steps')}: {poll} must be at least 1 (decode "
+                            "steps between the scheduler's looks for new requests; leave it "
+                            "empty for 1, the engines' default)")
         out.append(BenchRow(index=i, line=table.lines[i], model=row["model"],
                             hardware=row["hardware"], framework=row["framework"].lower(),
                             precision=row["precision"].lower(), isl=isl, osl=osl, conc=conc,
                             mtp=spec not in ("", "none", "false", "no"), layout=layout,
-                            prefill=prefill, decode=decode, measured=measured, kv=kv))
+                            prefill=prefill, decode=decode, measured=measured, kv=kv,
+                            poll_steps=1.0 if poll is None else poll))
     return out
 
 

@@ -508,6 +508,15 @@ class Runtime(eqx.Module):
     admission_steps: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
     """Engine steps a new request waits before its prefill is scheduled (0.5: the step in
     flight; schedulers that favour running decodes wait longer) (steps)."""
+    poll_steps: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
+    """Decode steps between two looks of the scheduler for new requests, >= 1: SGLang's
+    `--scheduler-recv-interval N` receives requests once every N decode steps
+    (`SchedulerRecvSkipper`, sgl-project/sglang
+    python/sglang/srt/managers/scheduler_recv_skipper.py: a counter gains 1 per decode
+    step and receives at N), `--num-continuous-decode-steps K` runs K decode steps back to
+    back before scheduling again; 1 (the engines' default) looks every step. A request
+    arriving at a random phase waits (N - 1) / 2 steps on average, up to N - 1, on top of
+    `admission_steps` (`serving`) (steps)."""
     expert_efficiency: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Speed of the engine's routed-expert kernels relative to the dense matmuls the chip's
     fitted efficiencies describe, in (0, 1]: the expert operator's time is divided by it.
@@ -531,6 +540,7 @@ class Runtime(eqx.Module):
                      "stream_time": NON_NEGATIVE,
                      "request_overhead": NON_NEGATIVE, "admission_steps": NON_NEGATIVE,
                      "prefill_request_time": NON_NEGATIVE,
+                     "poll_steps": Range(low=1.0),
                      "activation_reserve": NON_NEGATIVE,
                      "max_batched_tokens": Range(low=1.0),
                      "max_running": Range(low=1.0, infinite=True),

@@ -235,7 +235,11 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     power = average_power(chip.idle_power, energy, step)
     tpot = step / tau
     own_prefill = smooth_max(I / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
-    ttft_base = rt.request_overhead + rt.admission_steps * step + own_prefill
+    # The scheduler looks for new requests every `poll_steps` decode steps: a request
+    # arriving at a random phase waits (N - 1) / 2 of them on average, (N - 1) at most.
+    poll_wait = (rt.poll_steps - 1.0) * plain.time
+    ttft_base = rt.request_overhead + rt.admission_steps * step + 0.5 * poll_wait \
+        + own_prefill
     e2e_base = ttft_base + (O - 1.0) * tpot
     e2e = e2e_base * per_instance / running
     ttft = e2e - (O - 1.0) * tpot
@@ -251,7 +255,8 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     wave = workload.first_wave_fraction
     rank = jnp.clip(1.0 - 0.01 / jnp.maximum(wave, 1e-6), 0.0, 1.0)
     burst_wait = rank * running * I / rt.max_batched_tokens * burst.time
-    p99_ttft = smooth_max(ttft - own_prefill + p99_own, burst_wait + p99_own,
+    p99_ttft = smooth_max(ttft - own_prefill + p99_own + 0.49 * poll_wait,
+                          burst_wait + p99_own,
                           sharpness=sharpness, hard=hard)
     return _Phase(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,
                   p99_ttft=p99_ttft, p99_tpot=p99_tpot, power=power, running=running,

@@ -129,6 +129,31 @@ def test_shipped_rows_carry_the_kv_formats_of_the_recipe_table():
     assert seen == set(expected)
 
 
+def test_poll_steps_column_sets_the_row_scheduler_polling(tmp_path):
+    """The optional `poll_steps` column: a number of decode steps (>= 1) per row, empty or
+    missing as 1 (the engines' default), anything below 1 an error naming the column; the
+    fit's per-row inputs carry it."""
+    header, row = HEADER.rstrip("\n") + ",poll_steps\n", GOOD.rstrip("\n")
+    rows = datasets.load_benchmarks(_write(tmp_path, header + row + ",30\n" + row + ",\n"))
+    assert [r.poll_steps for r in rows] == [30.0, 1.0]
+    assert list(cal.row_inputs(rows)["poll"]) == [30.0, 1.0]
+    assert datasets.load_benchmarks(_write(tmp_path, HEADER + GOOD))[0].poll_steps == 1.0
+    with pytest.raises(datasets.DataError, match="poll_steps"):
+        datasets.load_benchmarks(_write(tmp_path, header + row + ",0.5\n"))
+
+
+def test_shipped_rows_carry_the_scheduler_polling_of_their_recipes():
+    """The recipe of the B200 SGLang rows (InferenceX `benchmarks/dsr1_fp4_b200.sh`,
+    calibration/README.md) sets `--scheduler-recv-interval` 10 below a concurrency of 16
+    and 30 from 16 on; every other shipped row runs the engines' default, 1."""
+    with open(ROOT / "calibration" / "data" / "benchmarks_inferencemax.csv") as f:
+        for r in csv.DictReader(f):
+            if (r["hardware"], r["framework"]) == ("b200", "sglang"):
+                assert r["poll_steps"] == ("10" if float(r["conc"]) < 16 else "30"), r
+            else:
+                assert r["poll_steps"] == "", r
+
+
 def test_disaggregated_worker_size_from_gpu_counts(tmp_path):
     header = HEADER.strip() + (",prefill_tp,prefill_ep,prefill_dp_attention,"
                                "prefill_num_workers,decode_tp,decode_ep,decode_dp_attention,"

@@ -377,3 +377,25 @@ def test_stream_time_bounds_the_step_from_below(dp_attention):
     assert step(1e-3, decode_seqs=0.0, prefill_tokens=8192.0, prefill_context=512.0,
                 prefill_seqs=8.0) == step(0.0, decode_seqs=0.0, prefill_tokens=8192.0,
                                           prefill_context=512.0, prefill_seqs=8.0)
+
+
+def test_poll_steps_add_half_the_missed_decode_steps_to_ttft():
+    """`Runtime.poll_steps` N (SGLang's `--scheduler-recv-interval`): a new request waits
+    (N - 1) / 2 decode steps on average for the scheduler to look, linear in N, about one
+    decode step (TPOT at a light load) per two of N; p99 TTFT grows more than the mean;
+    TPOT does not change."""
+    chip, model = pm.get_chip("b200"), pm.get_model("deepseek-r1")
+    workload = pm.Workload(1024, 1024)
+    base = pm.Design(concurrency=4.0, layout=pm.Layout(tp=8, ep=8),
+                     precision=pm.precision(chip, model, "fp4", kv="fp8"))
+
+    def run(n):
+        d = eqx.tree_at(lambda x: x.runtime.poll_steps, base, n)
+        return pm.predict(model, chip, workload, d, hard=True)
+
+    one, eleven, twentyone = run(1.0), run(11.0), run(21.0)
+    gap = float(eleven.ttft - one.ttft)
+    assert float(twentyone.ttft - one.ttft) == pytest.approx(2.0 * gap, rel=1e-9)
+    assert 4.5 * float(one.tpot) < gap <= 5.0 * float(one.tpot) * (1 + 1e-9)
+    assert float(eleven.p99_ttft - one.p99_ttft) > gap
+    assert float(eleven.tpot) == pytest.approx(float(one.tpot), rel=1e-12)

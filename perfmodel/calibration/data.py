@@ -36,10 +36,11 @@ from .params import (
 #: The per-row numbers the model reads (`row_inputs`): input and output tokens (tokens),
 #: concurrency (requests), MTP draft tokens (tokens), activation reserve (bytes), the
 #: lengths' range ratio and the first-wave fraction (dimensionless), the token budget
-#: per step (tokens) and the engine's memory rules (`Runtime.fraction_of_free` and
+#: per step (tokens), the decode steps between the scheduler's looks for new requests
+#: (`Runtime.poll_steps`; steps) and the engine's memory rules (`Runtime.fraction_of_free` and
 #: `Runtime.reserve_output`, 0 or 1).
 INPUTS = ("isl", "osl", "conc", "draft", "reserve", "range_ratio", "first_wave", "budget",
-          "of_free", "reserve_output")
+          "poll", "of_free", "reserve_output")
 
 
 @dataclasses.dataclass
@@ -136,8 +137,8 @@ def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
         ...                   8., True, ds.PoolLayout(1, 1, False), None, None, {})
         >>> {k: float(v[0]) for k, v in row_inputs([row]).items()}  # doctest: +NORMALIZE_WHITESPACE
         {'isl': 1024.0, 'osl': 512.0, 'conc': 8.0, 'draft': 2.0, 'reserve': 0.0,
-         'range_ratio': 0.8, 'first_wave': 0.1, 'budget': 8192.0, 'of_free': 0.0,
-         'reserve_output': 0.0}
+         'range_ratio': 0.8, 'first_wave': 0.1, 'budget': 8192.0, 'poll': 1.0,
+         'of_free': 0.0, 'reserve_output': 0.0}
     """
     reserve = float(Runtime().activation_reserve)
     return dict(
@@ -150,6 +151,7 @@ def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
         range_ratio=np.array([r.range_ratio for r in rows], dtype=float),
         first_wave=np.array([r.first_wave for r in rows], dtype=float),
         budget=np.array([r.max_batched_tokens for r in rows], dtype=float),
+        poll=np.array([r.poll_steps for r in rows], dtype=float),
         **{name: np.array([FRAMEWORK_SETTINGS.get(r.framework, {}).get(field, 0.0)
                            for r in rows])
            for name, field in (("of_free", "fraction_of_free"),

@@ -164,7 +164,8 @@ def rowwise_jacobian(f: Callable) -> Callable:
 
 def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_raw, isl,
                 osl, conc, draft, reserve, range_ratio=0.8, first_wave=0.1, budget=8192.0,
-                of_free=0.0, reserve_output=0.0, vectorize: bool = False) -> Metrics:
+                poll=1.0, of_free=0.0, reserve_output=0.0,
+                vectorize: bool = False) -> Metrics:
     """Metrics of benchmark rows (arrays broadcast together) under given parameters.
 
     Args:
@@ -176,6 +177,8 @@ def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_
         range_ratio, first_wave: per-row `Workload.input_range_ratio` (and output) and
             `Workload.first_wave_fraction` (InferenceMAX's 0.8 and 0.1 by default).
         budget: per-row token budget per step (`Runtime.max_batched_tokens`; tokens).
+        poll: per-row decode steps between the scheduler's looks for new requests
+            (`Runtime.poll_steps`; steps).
         of_free, reserve_output: per-row `Runtime.fraction_of_free` and
             `Runtime.reserve_output` (the engine's memory rules).
         vectorize: as `serving.predict` (same numbers; a smaller program).
@@ -183,7 +186,7 @@ def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_
     chip = with_family(chip, family_raw)
     values = framework_values(framework_raw)
     runtime = Runtime(**runtime_values(values), activation_reserve=reserve,
-                      max_batched_tokens=budget, fraction_of_free=of_free,
+                      max_batched_tokens=budget, poll_steps=poll, fraction_of_free=of_free,
                       reserve_output=reserve_output)
     # The framework's MTP acceptance (fitted where it has MTP rows, else its prior).
     spec = SpecDecode(draft_tokens=draft, acceptance=values["mtp_acceptance"])
