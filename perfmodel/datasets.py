@@ -23,8 +23,8 @@ Interpretation of InferenceMAX rows (documented assumptions, see calibration/REA
   the engine's default, the model's BF16. The shipped InferenceMAX rows carry the
   InferenceX recipes' value per group (sources in calibration/README.md).
 - Scheduler polling: the optional `poll_steps` column, the decode steps between the
-  scheduler's looks for new requests (SGLang's `--scheduler-recv-interval`,
-  `--num-continuous-decode-steps`); empty or missing is 1, the engines' default. The
+  scheduler's looks for new requests (SGLang's `--scheduler-recv-interval`); empty or
+  missing is 1, the engines' default. The
   shipped rows carry the InferenceX recipes' value (calibration/README.md).
 """
 

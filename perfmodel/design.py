@@ -513,8 +513,9 @@ class Runtime(eqx.Module):
     `--scheduler-recv-interval N` receives requests once every N decode steps
     (`SchedulerRecvSkipper`, sgl-project/sglang
     python/sglang/srt/managers/scheduler_recv_skipper.py: a counter gains 1 per decode
-    step and receives at N), `--num-continuous-decode-steps K` runs K decode steps back to
-    back before scheduling again; 1 (the engines' default) looks every step. A request
+    step and receives at N); 1 (the engines' default) looks every step. SGLang's
+    `--num-continuous-decode-steps` is not one: its loop left the scheduler in
+    sgl-project/sglang PR 2095 (November 2024) and the argument does nothing since. A request
     arriving at a random phase waits (N - 1) / 2 steps on average, up to N - 1, on top of
     `admission_steps` (`serving`) (steps)."""
     expert_efficiency: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
