@@ -507,7 +507,9 @@ class Runtime(eqx.Module):
     capacity and adds to TTFT."""
     admission_steps: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
     """Engine steps a new request waits before its prefill is scheduled (0.5: the step in
-    flight; schedulers that favour running decodes wait longer) (steps)."""
+    flight; schedulers that favour running decodes wait longer); in a disaggregated
+    deployment, the decode steps a request waits, once its KV cache has arrived, to join the
+    decode batch, whose instance streams its first token (steps)."""
     poll_steps: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Decode steps between two looks of the scheduler for new requests, >= 1: SGLang's
     `--scheduler-recv-interval N` receives requests once every N decode steps

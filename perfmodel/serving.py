@@ -15,7 +15,17 @@ f = demand / c of the steps. A step costs T0 without a chunk and Tc with one, so
 
 Prefill work therefore costs both TTFT and TPOT, and TTFT grows with concurrency and input
 length, as InferenceMAX measures. Disaggregated serving runs prefill and decode on separate
-pools and moves each request's KV cache between them.
+pools and moves each request's KV cache between them:
+
+    TTFT       = request overhead + queue at the prefill instance + one prompt's prefill
+                 + KV transfer + admission wait in decode steps (the decode instance joins
+                 the request to its batch and streams the first token)
+                 + queueing once a pool saturates,
+
+the prefill queue from the Pollaczek-Khinchine mean wait of deterministic service (M/D/1)
+at the utilisation the demand gives, rho / (2 (1 - rho)) one-prompt prefills; the closed
+loop's rate is the smooth minimum of that demand, the prefill pool's batched capacity and the
+decode pool's slots over a request's decode time.
 
 Pipeline stages (`Layout.pp`): the running batch is split into micro-batches, of which
 `1 + overlap (pp - 1)` are in flight (`Runtime.pipeline_overlap`); a step moves one
@@ -307,10 +317,23 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
         vectorize)
     prefill_capacity = pre.replicas * _in_flight(pre, rt) * chunk / I / batch.time
     transfer = kv_transfer_time(model, chip, design, layout, I)
-    ttft_base = rt.request_overhead + rt.admission_steps * batch.time + single.time + transfer
+    ttft_base = rt.request_overhead + rt.admission_steps * plain.time + single.time + transfer
     e2e_base = ttft_base + (O - 1.0) * tpot
-    decode_capacity = dec.replicas * running / ((O - 1.0) * tpot + tpot)
-    demand = concurrency / e2e_base
+    # The decode pool's capacity is what its slots hold (the memory and engine caps), not the
+    # requests now in flight: with `running` (<= per_instance) here the capacity sits within
+    # ttft / e2e of the demand whenever everything fits, and the smooth minimum below then
+    # takes a few per cent off the rate, which the TTFT (e2e less the decode time) receives
+    # whole: seconds at 8K-token outputs.
+    slots = smooth_min(jnp.maximum(fit, 1e-3), rt.max_running, sharpness=sharpness, hard=hard)
+    decode_capacity = dec.replicas * slots / ((O - 1.0) * tpot + tpot)
+    # Below saturation a prompt also queues at its prefill instance: Pollaczek-Khinchine for
+    # deterministic service (M/D/1), rho / (2 (1 - rho)) prompts ahead, each one prompt's
+    # prefill, at the utilisation the demand alone would give (rho held below 0.95; past
+    # the knee the closed loop's rate is the capacity and the smooth minimum takes over).
+    rho = smooth_min(concurrency / e2e_base / prefill_capacity, 0.95, sharpness=sharpness,
+                     hard=hard)
+    queue = rho / (2.0 * (1.0 - rho)) * single.time
+    demand = concurrency / (e2e_base + queue)
     requests_per_s = smooth_min(demand, prefill_capacity, decode_capacity,
                                 sharpness=sharpness, hard=hard)
     e2e = concurrency / requests_per_s

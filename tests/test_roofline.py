@@ -399,3 +399,50 @@ def test_poll_steps_add_half_the_missed_decode_steps_to_ttft():
     assert 4.5 * float(one.tpot) < gap <= 5.0 * float(one.tpot) * (1 + 1e-9)
     assert float(eleven.p99_ttft - one.p99_ttft) > gap
     assert float(eleven.tpot) == pytest.approx(float(one.tpot), rel=1e-12)
+
+
+def _split_gpt_oss(concurrency, admission_steps=None):
+    """gpt-oss-120b on GB200: one prefill GPU, one two-GPU decode instance."""
+    chip, model = pm.get_chip("gb200"), pm.get_model("gpt-oss-120b")
+    layout = pm.Disaggregated(prefill=pm.Layout(), decode=pm.Layout(tp=2, ep=2,
+                                                                    dp_attention=True))
+    design = pm.Design(concurrency=concurrency, layout=layout,
+                       precision=pm.precision(chip, model, "fp4"))
+    if admission_steps is not None:
+        design = eqx.tree_at(lambda d: d.runtime.admission_steps, design, admission_steps)
+    return model, chip, design
+
+
+def test_disaggregated_ttft_does_not_grow_with_the_output_when_the_decode_pool_has_room():
+    """With room for every request in the decode pool, a longer output leaves the TTFT about
+    where it is (the KV context grows the decode step a little). A decode capacity counted
+    from the requests in flight sat within TTFT / E2E of the demand, and the smooth minimum
+    moved a few per cent of the E2E into the TTFT: 2-3 s at 8K-token outputs."""
+    model, chip, design = _split_gpt_oss(16.0)
+    short, long = (pm.predict(model, chip, pm.Workload(1024.0, o), design)
+                   for o in (1024.0, 8192.0))
+    assert float(long.ttft) < 1.5 * float(short.ttft)
+
+
+def test_disaggregated_admission_wait_is_counted_in_decode_steps():
+    """`Runtime.admission_steps` of a disaggregated deployment is the wait, in decode steps,
+    to join the decode batch: at one request in flight (no queue) two more steps add two
+    TPOTs (no speculative decoding: a step is a token) to the TTFT."""
+    w = pm.Workload(1024.0, 1024.0)
+    model, chip, none = _split_gpt_oss(1.0, 0.0)
+    _, _, two = _split_gpt_oss(1.0, 2.0)
+    a, b = (pm.predict(model, chip, w, d, hard=True) for d in (none, two))
+    assert float(b.ttft - a.ttft) == pytest.approx(2.0 * float(a.tpot), rel=0.01)
+
+
+def test_disaggregated_prompts_queue_at_the_prefill_instance_below_saturation():
+    """Below saturation (the rate still follows the concurrency) the TTFT grows with the load
+    by the prefill instance's queue alone (no admission wait, so the decode step does not
+    enter), where min(demand, capacities) alone would keep it flat."""
+    w = pm.Workload(8192.0, 1024.0)
+    out = []
+    for c in (2.0, 32.0):
+        model, chip, design = _split_gpt_oss(c, 0.0)
+        out.append(pm.predict(model, chip, w, design, hard=True))
+    assert float(out[1].throughput_per_chip) > 8.0 * float(out[0].throughput_per_chip)
+    assert float(out[1].ttft) > 1.05 * float(out[0].ttft)
