@@ -361,6 +361,7 @@ def test_command_line(capsys, tmp_path):
                        (["--rate", "1", "--isl", "4000", "--kv-blocks", "100"],
                         "does not fit"),
                        (["--rate", "1", "--mixed-chunk"], "setting of --engine sglang"),
+                       (["--rate", "1", "--recv-interval", "10"], "setting of --engine sglang"),
                        (["--rate", "1", "--engine", "sglang", "--capacity-policy",
                          "MAX_UTILIZATION"], "setting of --engine trtllm"),
                        (["--rate", "1", "--engine", "trtllm", "--isl", "9000"],
@@ -653,3 +654,42 @@ def test_agent_sessions_window_and_replicas_agree():
         tool_latency=0.1), max_steps=2000)
     np.testing.assert_allclose(sim.session_times(both, 2),
                                np.repeat(sim.session_times(alone, 1), 2), rtol=1e-12)
+
+
+def test_sglang_recv_interval_holds_new_requests_until_the_next_look():
+    """With `--scheduler-recv-interval N` a request that arrives while a long decode runs
+    waits for the scheduler's next look, every N decode steps: short probe requests, far
+    apart, wait about (N - 1) / 2 more decode steps on average than with N = 1, and at most
+    N steps; with N = 1 (every engine's default) at most the step in flight."""
+    probes = 30
+    # Gaps of 0.3-0.45 s (40-60 decode steps): each probe meets the look cycle, which its
+    # predecessor's prefill restarted, at another phase.
+    gaps = np.random.default_rng(0).uniform(0.3, 0.45, probes)
+    arrival = jnp.concatenate([jnp.zeros(1), 0.2 + jnp.cumsum(gaps)])
+    requests = sim.trace(arrival, jnp.concatenate([jnp.full(1, 64), jnp.full(probes, 16)]),
+                         jnp.concatenate([jnp.full(1, 2000), jnp.full(probes, 2)]))
+    step = _step_time(DESIGN, decode_seqs=1.0, decode_context=1000.0)
+    waits = {}
+    for n in (1, 10):
+        policy = sim.Policy.sglang(float(CHIP.hbm_capacity), scheduler_recv_interval=n)
+        result = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=4000)
+        assert bool(jnp.all(result.finished))
+        waits[n] = np.asarray(result.queue_delay)[1:] / step
+    assert waits[1].max() < 1.2
+    assert waits[10].max() < 10.5
+    extra = waits[10].mean() - waits[1].mean()
+    assert 4.5 * 0.6 < extra < 4.5 * 1.4
+
+
+def test_recv_interval_with_a_window_matches_the_full_simulation():
+    """The last look's time and the decode steps since are carried across the window's
+    moves: with a recv interval a window that holds the queue (20 here; 4-12 overflow and
+    say so) gives the full simulation's latencies."""
+    requests = sim.poisson(jax.random.PRNGKey(3), 20.0, 120, 256, 32)
+    policy = sim.Policy.sglang(float(CHIP.hbm_capacity), max_running_requests=16,
+                               scheduler_recv_interval=8)
+    full = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=5000)
+    windowed = sim.simulate(MODEL, CHIP, DESIGN, policy, requests, max_steps=5000, window=20)
+    assert not bool(windowed.window_overflow)
+    np.testing.assert_allclose(windowed.ttft, full.ttft, rtol=1e-12)
+    np.testing.assert_allclose(windowed.e2e, full.e2e, rtol=1e-12)

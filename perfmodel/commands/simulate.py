@@ -83,6 +83,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--schedule-conservativeness", type=_non_negative, default=None,
                         help="sglang: scales the output share admission reserves "
                              "(default 1)")
+    parser.add_argument("--recv-interval", type=lambda t: positive_int(t, 10_000),
+                        default=None,
+                        help="sglang: decode steps between the scheduler's looks for new "
+                             "requests (--scheduler-recv-interval; default 1)")
     parser.add_argument("--capacity-policy", default=None,
                         choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION"),
                         help="trtllm: capacity scheduler policy (default "
@@ -186,7 +190,8 @@ def _engine_policy(args, chip):
     from ..simulate import engine_defaults
 
     given = {"sglang": (("mixed_chunk", "enable_mixed_chunk"),
-                        ("schedule_conservativeness", "schedule_conservativeness")),
+                        ("schedule_conservativeness", "schedule_conservativeness"),
+                        ("recv_interval", "scheduler_recv_interval")),
              "trtllm": (("capacity_policy", "capacity_scheduler_policy"),
                         ("chunked_prefill", "enable_chunked_prefill"))}
     settings = {}

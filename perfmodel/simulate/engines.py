@@ -70,6 +70,13 @@ class Policy(eqx.Module):
     """A prompt may be split over steps; else a request is admitted only when its whole
     prompt fits in what is left of the step's budget (TensorRT-LLM without
     `enable_chunked_prefill`)."""
+    recv_interval: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
+    """Decode steps between the scheduler's looks for new requests (SGLang's
+    `--scheduler-recv-interval`, `SchedulerRecvSkipper`, sgl-project/sglang
+    python/sglang/srt/managers/scheduler_recv_skipper.py: a decode step counts 1, any other
+    step enough to look at once, and an idle engine looks at once); a request that arrives
+    meanwhile waits for the next look. 1 (every engine's default) looks every step
+    (steps)."""
     engine: str = eqx.field(static=True, default="vllm")
     """Which engine these settings describe (a label for reports)."""
 
@@ -79,7 +86,8 @@ class Policy(eqx.Module):
                      "long_prefill_token_threshold": Range(low=1.0, infinite=True),
                      "kv_blocks": Range(low=2.0, infinite=True), "block_size": count,
                      "output_reserve": Range(low=0.0, high=1.0),
-                     "batch_wait": NON_NEGATIVE, "batch_wait_tokens": NON_NEGATIVE})
+                     "batch_wait": NON_NEGATIVE, "batch_wait_tokens": NON_NEGATIVE,
+                     "recv_interval": count})
         if self.engine not in ENGINES:
             raise ValueError(f"Policy.engine must be one of {', '.join(ENGINES)}, got "
                              f"{self.engine!r}")
@@ -95,7 +103,7 @@ class Policy(eqx.Module):
     @staticmethod
     def sglang(hbm_capacity=80e9, *, chunked_prefill_size=None, max_running_requests=2048,
                schedule_conservativeness=1.0, enable_mixed_chunk=False, page_size=1,
-               **settings) -> Policy:
+               scheduler_recv_interval=1, **settings) -> Policy:
         """SGLang's scheduler (`sglang/srt/managers/scheduler.py`, `schedule_policy.py`)
         with its `ServerArgs` defaults, as fields of the same scheduler:
 
@@ -112,6 +120,9 @@ class Policy(eqx.Module):
         - `enable_mixed_chunk` (default False): without it a step that can prefill runs
           prefills alone; decodes run in steps of their own.
         - `page_size` (tokens per KV page, default 1).
+        - `scheduler_recv_interval` (decode steps, default 1): the scheduler looks for new
+          requests once every that many decode steps (`Policy.recv_interval`; the
+          InferenceX B200 recipes set 10 below 16 requests, 30 from 16).
 
         Args:
             hbm_capacity: one GPU's memory for the chunk-size rule (bytes).
@@ -125,6 +136,7 @@ class Policy(eqx.Module):
                          "max_num_batched_tokens": chunked_prefill_size,
                          "block_size": page_size, "output_reserve": ratio,
                          "mixed_prefill": bool(enable_mixed_chunk), "engine": "sglang",
+                         "recv_interval": scheduler_recv_interval,
                          **settings})
 
     @staticmethod

@@ -35,6 +35,9 @@ The same scheduler runs SGLang's and TensorRT-LLM's policies (`Policy.sglang`,
   (a running prompt's next chunk, or new requests) carries prefills only, under
   `chunked_prefill_size`; otherwise the decodes run alone (`Result.mixed_steps` counts the
   steps that carried both).
+- The scheduler may look for new requests only every `recv_interval` decode steps
+  (SGLang's `--scheduler-recv-interval`); after a step that prefilled, or when idle, it
+  looks at once. The default, 1, looks every step.
 - Without `chunked_prefill` (TensorRT-LLM's default) a request is admitted only when its
   whole prompt fits in what is left of the step's `max_num_tokens`.
 - A batch wait (`batch_wait`, TensorRT-LLM's `batch_wait_timeout_ms`, and
@@ -91,6 +94,8 @@ class _State(eqx.Module):
     overflow: jnp.ndarray
     remaining: jnp.ndarray
     mixed: jnp.ndarray
+    polled: jnp.ndarray
+    recv: jnp.ndarray
 
 
 #: `_State` fields with one entry per request (the window slices them).
@@ -148,7 +153,8 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                   area=jnp.asarray(0.0), stuck=jnp.asarray(False), cached_at=zeros,
                   cached_blocks=zeros, evicted=jnp.asarray(0.0), queue_end=kv_blocks,
                   lo=jnp.asarray(0), overflow=jnp.asarray(False),
-                  remaining=jnp.sum(valid), mixed=jnp.asarray(0))
+                  remaining=jnp.sum(valid), mixed=jnp.asarray(0),
+                  polled=jnp.asarray(0.0), recv=jnp.asarray(jnp.inf))
     width = n if window is None else min(window, n)
     index = jnp.arange(n)
     index_w = jnp.arange(width)
@@ -169,7 +175,12 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
         s = eqx.tree_at(lambda st: st.queue_key, s, jnp.where(
             jnp.isinf(s.queue_key) & (s.arrival <= t), s.arrival, s.queue_key))
         target = inputs_w + s.generated            # tokens whose KV precede the next sample
-        waiting = ~s.finished & ~s.running & (s.arrival <= t)
+        # The scheduler looks for new requests when idle, after a step that prefilled, or
+        # once `recv_interval` decode steps have passed (SGLang's recv skipper); it sees
+        # the requests that arrived by its last look.
+        look = ~jnp.any(s.running) | (s.recv >= policy.recv_interval)
+        polled = jnp.where(look, t, s.polled)
+        waiting = ~s.finished & ~s.running & (s.arrival <= polled)
         # Prefix caching: freed blocks form a queue reused from its front (vLLM's free block
         # queue, an LRU); a preempted request's blocks, freed last block first, sit at
         # `cached_at` onwards, and the `evicted` front has eaten those before it. Its
@@ -322,16 +333,23 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
                 late = index >= beyond_start
                 return (jnp.sum(jnp.where(late & (arrival_valid < end),
                                           end - jnp.maximum(arrival_valid, t), 0.0)),
-                        jnp.any(late & (arrival_valid <= t)))
+                        jnp.any(late & (arrival_valid <= polled)))
+
+            def seen_beyond():
+                # With every step a look (the default), what has arrived by t; else by the
+                # last look.
+                return jnp.searchsorted(arrival_valid, polled, side="right",
+                                        method="scan_unrolled") > beyond_start
 
             extra, waits_beyond = jax.lax.cond(
-                arrival_sorted, lambda: (area_beyond(), arrived > beyond_start), scan_beyond)
+                arrival_sorted, lambda: (area_beyond(), jax.lax.cond(
+                    polled < t, seen_beyond, lambda: arrived > beyond_start)), scan_beyond)
             area = area + extra
         else:
             beyond = (index >= beyond_start) & ~finished_all
             area = area + jnp.sum(jnp.where(beyond & (arrival_all < end),
                                             end - jnp.maximum(arrival_all, t), 0.0))
-            waits_beyond = jnp.any(beyond & (arrival_all <= t))
+            waits_beyond = jnp.any(beyond & (arrival_all <= polled))
         # A window too narrow: requests past it wait while it admitted all it saw and had
         # budget and seats to spare (the full simulation would have looked further).
         overflow = s.overflow | (waits_beyond & ~jnp.any(waiting & ~admitted)
@@ -367,6 +385,9 @@ def _instance(model, chip, design, policy, requests, max_steps, hard, vectorize,
             evicted=s.evicted + taken, queue_end=queue_end, overflow=overflow,
             remaining=s.remaining - jnp.sum(done),
             mixed=s.mixed + ((num_decode > 0) & (prefill_tokens > 0)),
+            # A decode step counts one toward the next look, any other step enough for one.
+            polled=polled, recv=jnp.where(look, 0.0, s.recv)
+            + jnp.where(prefill_tokens > 0, jnp.inf, 1.0),
             # The first unfinished request (finished ones never return; past the window
             # none has finished, padding aside).
             lo=jnp.where(jnp.all(s.finished | done), beyond_start,
