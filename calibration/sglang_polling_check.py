@@ -43,11 +43,9 @@ def _simulate(chip, model, tp, ep, conc, isl, osl, interval, seed=0):
                        runtime=runtime_for("sglang", chip.family))
     total = conc * PROMPTS_PER_CLIENT
     rng = np.random.default_rng(seed)
-    requests = sim.Requests(
-        arrival=jnp.where(jnp.arange(total) < conc, 0.0, jnp.inf),
-        input_len=jnp.asarray(rng.integers(int(0.8 * isl), isl + 1, total), float),
-        output_len=jnp.asarray(rng.integers(int(0.8 * osl), osl + 1, total), float),
-        clients=conc)
+    requests = sim.closed_loop(
+        conc, total, jnp.asarray(rng.integers(int(0.8 * isl), isl + 1, total), float),
+        jnp.asarray(rng.integers(int(0.8 * osl), osl + 1, total), float))
     policy = sim.Policy.sglang(float(chip.hbm_capacity), chunked_prefill_size=CHUNKED_PREFILL,
                                max_running_requests=MAX_RUNNING,
                                scheduler_recv_interval=interval)

@@ -299,8 +299,10 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
                                    sharpness)
     _, _, pre_penalty = _memory(model, chip, design, pre, I, sharpness)
     per_instance = concurrency / dec.replicas
-    running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,
-                         sharpness=sharpness, hard=hard)
+    # The decode pool's slots per instance (memory and engine caps); the p-norm minimum is
+    # associative, so the batch is the same three-way minimum as the aggregated path's.
+    slots = smooth_min(jnp.maximum(fit, 1e-3), rt.max_running, sharpness=sharpness, hard=hard)
+    running = smooth_min(per_instance, slots, sharpness=sharpness, hard=hard)
     _, plain = _capped_step(model, chip, design, dec,
                             dict(decode_seqs=running / _in_flight(dec, rt),
                                  decode_context=context),
@@ -319,12 +321,11 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
     transfer = kv_transfer_time(model, chip, design, layout, I)
     ttft_base = rt.request_overhead + rt.admission_steps * plain.time + single.time + transfer
     e2e_base = ttft_base + (O - 1.0) * tpot
-    # The decode pool's capacity is what its slots hold (the memory and engine caps), not the
-    # requests now in flight: with `running` (<= per_instance) here the capacity sits within
-    # ttft / e2e of the demand whenever everything fits, and the smooth minimum below then
-    # takes a few per cent off the rate, which the TTFT (e2e less the decode time) receives
-    # whole: seconds at 8K-token outputs.
-    slots = smooth_min(jnp.maximum(fit, 1e-3), rt.max_running, sharpness=sharpness, hard=hard)
+    # The decode pool's capacity is what its slots hold, not the requests now in flight:
+    # with `running` (<= per_instance) here the capacity sits within ttft / e2e of the
+    # demand whenever everything fits, and the smooth minimum below then takes a few per
+    # cent off the rate, which the TTFT (e2e less the decode time) receives whole: seconds
+    # at 8K-token outputs.
     decode_capacity = dec.replicas * slots / ((O - 1.0) * tpot + tpot)
     # Below saturation a prompt also queues at its prefill instance: Pollaczek-Khinchine for
     # deterministic service (M/D/1), rho / (2 (1 - rho)) prompts ahead, each one prompt's
