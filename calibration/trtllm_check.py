@@ -157,8 +157,9 @@ def _engine(row: dict, engine: bool = True, calibrated: bool = True,
         value = jnp.asarray(float(attention_max))
         chip = eqx.tree_at(lambda c: (c.efficiency.attention_max,
                                       c.efficiency.prefill_attention_max,
+                                      c.efficiency.window_prefill_attention_max,
                                       c.efficiency.full_attention_max), chip,
-                           (value, value, value))
+                           (value, value, value, value))
     prec = precision(chip, model, row["precision"], kv=_kv(chip))
     runtime = fitted.runtime_for("trtllm-bench")
     cap = math.inf

@@ -61,16 +61,21 @@ _RUNTIME_FIELDS = {f.name for f in dataclasses.fields(Runtime)} - {"framework"}
 
 
 def with_prefill_attention(efficiency: dict) -> dict:
-    """A fitted family's efficiency values with `prefill_attention_max`: files written
-    before it was a field priced prompt attention at `attention_max`, and keep doing so.
+    """A fitted family's efficiency values with `prefill_attention_max` and
+    `window_prefill_attention_max`: files written before the first was a field priced
+    prompt attention at `attention_max`, files written before the second priced windowed
+    models' prompt attention at `prefill_attention_max`, and both keep doing so.
 
     Example:
-        >>> with_prefill_attention({"attention_max": 0.2})["prefill_attention_max"]
-        0.2
+        >>> v = with_prefill_attention({"attention_max": 0.2})
+        >>> v["prefill_attention_max"], v["window_prefill_attention_max"]
+        (0.2, 0.2)
     """
     v = dict(efficiency)
     if "attention_max" in v and "prefill_attention_max" not in v:
         v["prefill_attention_max"] = v["attention_max"]
+    if "prefill_attention_max" in v and "window_prefill_attention_max" not in v:
+        v["window_prefill_attention_max"] = v["prefill_attention_max"]
     return v
 
 

@@ -64,11 +64,20 @@ class Efficiency(eqx.Module):
     """Fraction of peak FLOP/s the prompt (prefill) attention of the same models reaches:
     a different kernel from decode's (MLA prefill runs non-absorbed multi-head attention
     over the prompt, FlashAttention-style), so a separate fitted term (dimensionless,
-    (0, 1]). The fit puts it below `attention_max` (0.06-0.19 against 0.08-0.46,
+    (0, 1]). The fit puts it below `attention_max` (0.06-0.22 against 0.09-0.28,
     `perfmodel/data/fitted_params.json`): the rows' time to first token grows faster with
     the prompt than these FLOPs at FlashAttention's rate explain, and the fit charges the
     difference here, the one prompt-quadratic term it has. Fitted files without it
     (before 2026-12-04) priced prompt attention at `attention_max`, and `perfmodel.fitted`
+    reads them that way."""
+    window_prefill_attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
+    """Fraction of peak FLOP/s the prompt attention of windowed GQA models reaches
+    (gpt-oss: sliding windows with attention sinks, half the layers full): another kernel
+    from MLA's prompt attention (each engine's FlashAttention or Triton variant with sinks,
+    not the non-absorbed MLA prefill), so a separate fitted term (dimensionless, (0, 1]):
+    0.05 on Hopper (the 134 gpt-oss H200 vLLM rows) against MLA's 0.13 there, 0.12 on
+    Blackwell against 0.22 (`perfmodel/data/fitted_params.json`). Fitted files without it
+    (before 2026-12-05) priced both at `prefill_attention_max`, and `perfmodel.fitted`
     reads them that way."""
     full_attention_max: jnp.ndarray = eqx.field(converter=as_number, default=0.5)
     """Fraction of peak FLOP/s the attention kernels of full (unwindowed) GQA/MHA models
@@ -98,6 +107,7 @@ class Efficiency(eqx.Module):
                      "bandwidth_max": FRACTION, "memory_latency": NON_NEGATIVE,
                      "kernel_overhead": NON_NEGATIVE, "attention_max": FRACTION,
                      "prefill_attention_max": FRACTION, "full_attention_max": FRACTION,
+                     "window_prefill_attention_max": FRACTION,
                      "format_ceiling": Range(low=0.0, low_open=True, infinite=True)})
 
     def class_peaks(self, peak_flops):

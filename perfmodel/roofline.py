@@ -334,10 +334,11 @@ def _energy_per_flop(op: Operator, chip: Chip, unrolled: bool = True):
 
 
 def attention_kernels(model: Model, chip: Chip) -> Chip:
-    """`chip` with the attention efficiencies of `model`'s kernels: the fitted decode and
-    prompt ones for MLA and windowed attention (`Efficiency.attention_max`,
-    `Efficiency.prefill_attention_max`), FlashAttention's for both phases of full GQA/MHA
-    (`Efficiency.full_attention_max`).
+    """`chip` with the attention efficiencies of `model`'s kernels: the fitted decode one
+    for MLA and windowed attention (`Efficiency.attention_max`), the fitted prompt one of
+    each (`Efficiency.prefill_attention_max`, `Efficiency.window_prefill_attention_max`),
+    FlashAttention's for both phases of full GQA/MHA (`Efficiency.full_attention_max`).
+    The roofline reads `attention_max` and `prefill_attention_max` of the chip returned.
 
     Example:
         >>> from perfmodel.presets import get_chip, get_model
@@ -348,9 +349,16 @@ def attention_kernels(model: Model, chip: Chip) -> Chip:
         True
         >>> float(mla.attention_max) == float(h100.efficiency.attention_max)
         True
+        >>> windowed = attention_kernels(get_model("gpt-oss-120b"), h100).efficiency
+        >>> float(windowed.prefill_attention_max) == float(
+        ...     h100.efficiency.window_prefill_attention_max)
+        True
     """
-    if model.attention == "mla" or model.num_sliding_layers:
+    if model.attention == "mla":
         return chip
+    if model.num_sliding_layers:
+        return eqx.tree_at(lambda c: c.efficiency.prefill_attention_max, chip,
+                           chip.efficiency.window_prefill_attention_max)
     full = chip.efficiency.full_attention_max
     return eqx.tree_at(lambda c: (c.efficiency.attention_max,
                                   c.efficiency.prefill_attention_max), chip, (full, full))

@@ -250,6 +250,16 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     poll_wait = (rt.poll_steps - 1.0) * plain.time
     ttft_base = rt.request_overhead + rt.admission_steps * step + 0.5 * poll_wait \
         + own_prefill
+    # The requests that gathered between two looks are admitted together and queue behind
+    # each other's prompts, `max_batched_tokens` a step: k = rate x (wait + k p) of them per
+    # look (rate from the closed loop without this term, p one prompt's share of a full
+    # prefill step); a request arriving at a random phase finds k / 2 of them ahead on
+    # average, k at most. Zero when the scheduler looks every step.
+    rate = running / (ttft_base + (O - 1.0) * tpot)
+    share = I / rt.max_batched_tokens * (burst.time + plain.time)
+    load = jnp.minimum(rate * share, 0.95)
+    group_wait = rate * poll_wait / (1.0 - load) * share
+    ttft_base = ttft_base + 0.5 * group_wait
     e2e_base = ttft_base + (O - 1.0) * tpot
     e2e = e2e_base * per_instance / running
     ttft = e2e - (O - 1.0) * tpot
@@ -265,7 +275,7 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     wave = workload.first_wave_fraction
     rank = jnp.clip(1.0 - 0.01 / jnp.maximum(wave, 1e-6), 0.0, 1.0)
     burst_wait = rank * running * I / rt.max_batched_tokens * burst.time
-    p99_ttft = smooth_max(ttft - own_prefill + p99_own + 0.49 * poll_wait,
+    p99_ttft = smooth_max(ttft - own_prefill + p99_own + 0.49 * (poll_wait + group_wait),
                           burst_wait + p99_own,
                           sharpness=sharpness, hard=hard)
     return _Phase(requests_per_s=requests_per_s, ttft=ttft, tpot=tpot, e2e=e2e,

@@ -200,6 +200,28 @@ def test_with_family_sets_fields_jit_and_eager_agree():
         np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
+def test_every_fitted_family_field_reaches_the_chip_and_the_file():
+    """Each family field of the fit is applied to the chip it prices (`with_family`) and
+    written to the fitted file (`to_json`), by name: a field list cut at a fixed length
+    once dropped the last one (`format_ceiling`) when a field was added before it."""
+    chip = get_chip("h100", calibrated=False)
+    params = cal.Params.prior(("hopper",), ())
+    values = params.values()["families"]["hopper"]
+    moved = cal.with_family(chip, params.family_raw[0] + 0.3)
+    written = cal.to_json(params)["families"]["hopper"]
+    collective = {"collective_efficiency": "efficiency", "collective_latency": "latency",
+                  "collective_base_latency": "base_latency"}
+    for name in cal.FAMILY_NAMES:
+        if name in collective:
+            field = collective[name]
+            assert written["scale_up"][field] == pytest.approx(values[name])
+            before, after = getattr(chip.scale_up, field), getattr(moved.scale_up, field)
+        else:
+            assert written["efficiency"][name] == pytest.approx(values[name])
+            before, after = getattr(chip.efficiency, name), getattr(moved.efficiency, name)
+        assert float(after) != pytest.approx(float(before), rel=1e-3), name
+
+
 def _central_differences(f, x, seeds=(0, 1), h=1e-5):
     """(J v, central difference of f along v) for random unit directions v."""
     jac = jax.jacfwd(f)(x)

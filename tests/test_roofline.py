@@ -139,14 +139,15 @@ def test_prefill_is_compute_bound_and_decode_memory_bound():
 
 def test_each_model_runs_its_own_attention_kernels():
     """Full GQA attention (Llama) runs at FlashAttention's `full_attention_max` in both
-    phases; MLA (DeepSeek-R1) and windowed attention (gpt-oss) at the fitted
-    `prefill_attention_max` over the prompt and `attention_max` in decode. Each phase's
-    attention time follows its own field and ignores the other two, and compute-bound full
-    attention takes FLOPs / (peak x full_attention_max)."""
+    phases; MLA (DeepSeek-R1) at the fitted `prefill_attention_max` over the prompt and
+    windowed attention (gpt-oss) at `window_prefill_attention_max`, both at `attention_max`
+    in decode. Each phase's attention time follows its own field and ignores the other
+    three, and compute-bound full attention takes FLOPs / (peak x full_attention_max)."""
     import equinox as eqx
 
     chip = pm.get_chip("h100")
-    fields = ("attention_max", "prefill_attention_max", "full_attention_max")
+    fields = ("attention_max", "prefill_attention_max", "window_prefill_attention_max",
+              "full_attention_max")
 
     def attention_time(name, phase, **efficiency):
         model = pm.get_model(name)
@@ -167,7 +168,7 @@ def test_each_model_runs_its_own_attention_kernels():
     for name, phase, own in (("llama-3.1-70b", "prefill", "full_attention_max"),
                              ("deepseek-r1", "prefill", "prefill_attention_max"),
                              ("deepseek-r1", "decode", "attention_max"),
-                             ("gpt-oss-120b", "prefill", "prefill_attention_max")):
+                             ("gpt-oss-120b", "prefill", "window_prefill_attention_max")):
         others = [f for f in fields if f != own]
         half = dict.fromkeys(fields, 0.5)
         base = attention_time(name, phase, **half)[0]
@@ -182,19 +183,28 @@ def test_each_model_runs_its_own_attention_kernels():
 
 
 def test_old_fitted_files_price_prompt_attention_as_before():
-    """A fitted file written before `prefill_attention_max` existed prices prompt
-    attention at its `attention_max`, as it was fitted (`fitted.with_prefill_attention`);
-    a file that has the field keeps its own value."""
+    """A fitted file written before `prefill_attention_max` existed prices all prompt
+    attention at its `attention_max`, one written before `window_prefill_attention_max`
+    prices windowed models' prompt attention at its `prefill_attention_max`, as they were
+    fitted (`fitted.with_prefill_attention`); a file that has the fields keeps its own
+    values."""
     from perfmodel.fitted import apply
 
-    old = {"families": {"hopper": {"efficiency": {"attention_max": 0.07}}}}
-    new = {"families": {"hopper": {"efficiency": {"attention_max": 0.07,
+    oldest = {"families": {"hopper": {"efficiency": {"attention_max": 0.07}}}}
+    old = {"families": {"hopper": {"efficiency": {"attention_max": 0.07,
                                                   "prefill_attention_max": 0.3}}}}
+    new = {"families": {"hopper": {"efficiency": {"attention_max": 0.07,
+                                                  "prefill_attention_max": 0.3,
+                                                  "window_prefill_attention_max": 0.1}}}}
     raw = pm.get_chip("h100", calibrated=False)
-    e_old = apply(raw, latency=old, power={}).efficiency
-    e_new = apply(raw, latency=new, power={}).efficiency
-    assert float(e_old.prefill_attention_max) == pytest.approx(0.07)
+    e_oldest, e_old, e_new = (apply(raw, latency=v, power={}).efficiency
+                              for v in (oldest, old, new))
+    assert float(e_oldest.prefill_attention_max) == pytest.approx(0.07)
+    assert float(e_oldest.window_prefill_attention_max) == pytest.approx(0.07)
+    assert float(e_old.prefill_attention_max) == pytest.approx(0.3)
+    assert float(e_old.window_prefill_attention_max) == pytest.approx(0.3)
     assert float(e_new.prefill_attention_max) == pytest.approx(0.3)
+    assert float(e_new.window_prefill_attention_max) == pytest.approx(0.1)
     assert float(e_new.attention_max) == pytest.approx(0.07)
 
 
@@ -315,7 +325,7 @@ def _gemm_ratios(chip, dtype):
 def test_fit_orders_the_formats_as_the_gemm_timings_do(name, dtype):
     """The shipped fit against measured large GEMMs (aiconfigurator, TensorRT-LLM 1.3): a
     narrow format's time over BF16's at the same shape is never below the pure GEMMs' and
-    at most 1.3x it (the fit, from end-to-end rows too, puts narrow formats 5-26 % slower
+    at most 1.3x it (the fit, from end-to-end rows too, puts narrow formats 10-23 % slower
     than the GEMM timings alone). Every class at its full peak (no format ceiling) misses
     NVFP4 by more than 30 %, too fast: B300's FP4 peak is 6.2x its BF16 one, but its NVFP4
     GEMMs run under 3x as fast as BF16 ones."""
@@ -381,9 +391,10 @@ def test_stream_time_bounds_the_step_from_below(dp_attention):
 
 def test_poll_steps_add_half_the_missed_decode_steps_to_ttft():
     """`Runtime.poll_steps` N (SGLang's `--scheduler-recv-interval`): a new request waits
-    (N - 1) / 2 decode steps on average for the scheduler to look, linear in N, about one
-    decode step (TPOT at a light load) per two of N; p99 TTFT grows more than the mean;
-    TPOT does not change."""
+    (N - 1) / 2 decode steps on average for the scheduler to look, nearly linear in N at a
+    light load (where hardly another request arrives between looks), about one decode step
+    (TPOT at a light load) per two of N; p99 TTFT grows more than the mean; TPOT does not
+    change."""
     chip, model = pm.get_chip("b200"), pm.get_model("deepseek-r1")
     workload = pm.Workload(1024, 1024)
     base = pm.Design(concurrency=4.0, layout=pm.Layout(tp=8, ep=8),
@@ -395,10 +406,35 @@ def test_poll_steps_add_half_the_missed_decode_steps_to_ttft():
 
     one, eleven, twentyone = run(1.0), run(11.0), run(21.0)
     gap = float(eleven.ttft - one.ttft)
-    assert float(twentyone.ttft - one.ttft) == pytest.approx(2.0 * gap, rel=1e-9)
-    assert 4.5 * float(one.tpot) < gap <= 5.0 * float(one.tpot) * (1 + 1e-9)
+    assert float(twentyone.ttft - one.ttft) == pytest.approx(2.0 * gap, rel=0.01)
+    assert 4.5 * float(one.tpot) < gap <= 5.1 * float(one.tpot)
     assert float(eleven.p99_ttft - one.p99_ttft) > gap
     assert float(eleven.tpot) == pytest.approx(float(one.tpot), rel=1e-12)
+
+
+def test_requests_gathered_between_looks_queue_behind_each_others_prompts():
+    """With `Runtime.poll_steps` N, each look admits the requests that arrived since the
+    last one, and their prompts run one after another: at 8K-token prompts the TTFT that
+    polling adds beyond the (N - 1) / 2 decode steps of waiting for the look (priced here
+    at TPOT, a little above a decode step's time) grows with the arrival rate (the
+    concurrency), from under 1 % of that wait at 4 requests to over a fifth of it at 128
+    (the simulator puts the prompts' queue near 0.3 s there on B200,
+    `calibration/sglang_polling_check.py`)."""
+    chip, model = pm.get_chip("b200"), pm.get_model("deepseek-r1")
+    workload = pm.Workload(8192, 1024)
+
+    def excess(concurrency):
+        base = pm.Design(concurrency=concurrency, layout=pm.Layout(tp=4, ep=4),
+                         precision=pm.precision(chip, model, "fp4", kv="fp8"))
+        polled = eqx.tree_at(lambda x: x.runtime.poll_steps, base, 30.0)
+        m1, m30 = (pm.predict(model, chip, workload, d, hard=True) for d in (base, polled))
+        look = 0.5 * 29.0 * float(m1.tpot)   # the look's wait, about; TPOT ~ a decode step
+        return (float(m30.ttft - m1.ttft) - look) / look
+
+    light, heavy = excess(4.0), excess(128.0)
+    assert abs(light) < 0.01
+    assert heavy > 0.2
+    assert excess(16.0) < excess(64.0) < heavy
 
 
 def _split_gpt_oss(concurrency, admission_steps=None):
@@ -441,8 +477,11 @@ def test_disaggregated_prompts_queue_at_the_prefill_instance_below_saturation():
     enter), where min(demand, capacities) alone would keep it flat."""
     w = pm.Workload(8192.0, 1024.0)
     out = []
-    for c in (2.0, 32.0):
+    for c in (2.0, 24.0, 32.0):
         model, chip, design = _split_gpt_oss(c, 0.0)
         out.append(pm.predict(model, chip, w, design, hard=True))
-    assert float(out[1].throughput_per_chip) > 8.0 * float(out[0].throughput_per_chip)
-    assert float(out[1].ttft) > 1.05 * float(out[0].ttft)
+    # Still rising with the concurrency at the top (a saturated pool's rate is flat; this one
+    # grows sub-linearly only because the decode batch's TPOT grows with it).
+    assert float(out[2].throughput_per_chip) > 1.15 * float(out[1].throughput_per_chip)
+    assert float(out[2].throughput_per_chip) > 6.0 * float(out[0].throughput_per_chip)
+    assert float(out[2].ttft) > 1.05 * float(out[0].ttft)

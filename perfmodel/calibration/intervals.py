@@ -87,7 +87,7 @@ def parameter_names(params: Params) -> tuple[str, ...]:
     """"family:field" and "framework:field" names in the order of `params.flat`.
 
     Example:
-        >>> parameter_names(Params.prior(("hopper",), ("vllm",)))[::11]
+        >>> parameter_names(Params.prior(("hopper",), ("vllm",)))[::12]
         ('hopper:compute_max', 'vllm:step_overhead')
     """
     return (tuple(f"{fam}:{f[0]}" for fam in params.families for f in FAMILY_FIELDS)
@@ -230,9 +230,10 @@ class Intervals(eqx.Module):
 
     def row_covariance(self, params: Params, family: str, framework: str,
                        fallback: Mapping | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(12, 12) covariance of the parameters a row of `family` and `framework` is
-        predicted with (`params`' family fallback and framework fallback followed), and the
-        (12,) variance added for what falls back (already in the covariance's diagonal)."""
+        """(n, n) covariance of the n parameters a row of `family` and `framework` is
+        predicted with (`FAMILY_FIELDS` then `FRAMEWORK_FIELDS`; `params`' family fallback
+        and framework fallback followed), and the (n,) variance added for what falls back
+        (already in the covariance's diagonal)."""
         fam, _ = resolve_family(family, params, fallback)
         fw = resolve_framework(framework, params.frameworks)
         index = [self.names.index(f"{fam}:{f[0]}") if fam and f"{fam}:{f[0]}" in self.names

@@ -40,7 +40,8 @@ from ..hardware import Chip
 #: 41778), 2.85e12 FLOP at 2 (576 + 512) FLOP per head, query and cached token, so 0.59
 #: PFLOP/s, 0.26 of B200's dense BF16 2.25 PFLOP/s; FlashMLA on Hopper, batch 128, 1,151
 #: cached tokens: 386 TFLOP/s (tile-ai/tilelang issue 1859), 0.39 of 989. Prompt attention
-#: (`prefill_attention_max`) 0.5, FlashAttention's lower end (`Efficiency.full_attention_max`).
+#: of MLA and of windowed models (`prefill_attention_max`, `window_prefill_attention_max`) 0.5,
+#: FlashAttention's lower end (`Efficiency.full_attention_max`).
 FAMILY_FIELDS = (
     ("compute_max", "logit", 0.75, 1.0),
     ("compute_rows_half", "log", 64.0, 1.5),
@@ -49,6 +50,7 @@ FAMILY_FIELDS = (
     ("kernel_overhead", "log", 2e-6, 1.0),
     ("attention_max", "logit", 0.3, 1.0),
     ("prefill_attention_max", "logit", 0.5, 1.0),
+    ("window_prefill_attention_max", "logit", 0.5, 1.0),
     ("format_ceiling", "log", 4.0, 1.0),
     ("collective_efficiency", "logit", 0.8, 1.0),
     ("collective_latency", "log", 1e-6, 1.5),
@@ -80,9 +82,10 @@ FRAMEWORK_FIELDS = (
 SPECULATION_FIELDS = ("mtp_acceptance",)
 FAMILY_NAMES = tuple(f[0] for f in FAMILY_FIELDS)
 FRAMEWORK_NAMES = tuple(f[0] for f in FRAMEWORK_FIELDS)
-_EFFICIENCY = FAMILY_NAMES[:8]
 _COLLECTIVE = {"collective_efficiency": "efficiency", "collective_latency": "latency",
                "collective_base_latency": "base_latency"}
+#: The family fields that are `hardware.Efficiency` fields (the rest are the collectives').
+_EFFICIENCY = tuple(n for n in FAMILY_NAMES if n not in _COLLECTIVE)
 
 #: Runtime settings that are documented, not fitted. SGLang's `mem_fraction_static` (0.8-0.9)
 #: covers weights and the KV pool only; activations and CUDA graphs live in the rest, so no

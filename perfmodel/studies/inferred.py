@@ -122,7 +122,7 @@ class InferredParams(eqx.Module):
         >>> chip = get_chip("jalapeno")
         >>> p = InferredParams.of(chip, default_runtime(chip))
         >>> round(p.values()["step_overhead"], 6), round(p.values()["bandwidth_max"], 3)
-        (0.001, 0.829)
+        (0.001, 0.814)
     """
 
     memory_latency: jnp.ndarray = eqx.field(converter=_number)
@@ -217,18 +217,21 @@ def apply(params: InferredParams, chip: Chip, runtime: Runtime) -> tuple[Chip, R
         (0.002, True)
     """
     e = chip.efficiency
-    # One attention parameter: the decode kernels' efficiency; the prompt's moves by the same
-    # factor (the chip's prompt-to-decode ratio kept), as one term priced both before they
-    # were fitted apart.
+    # One attention parameter: the decode kernels' efficiency; the prompt's (MLA and
+    # windowed) move by the same factor (the chip's prompt-to-decode ratios kept), as one
+    # term priced all three before they were fitted apart.
     attention = jax.nn.sigmoid(params.attention_max).astype(e.attention_max.dtype)
     prompt = jnp.minimum(e.prefill_attention_max * attention / e.attention_max, 1.0)
+    window = jnp.minimum(e.window_prefill_attention_max * attention / e.attention_max, 1.0)
     chip = eqx.tree_at(
         lambda c: (c.efficiency.memory_latency, c.efficiency.kernel_overhead,
                    c.efficiency.attention_max, c.efficiency.prefill_attention_max,
+                   c.efficiency.window_prefill_attention_max,
                    c.efficiency.bandwidth_max), chip,
         (jnp.exp(params.memory_latency).astype(e.memory_latency.dtype),
          jnp.exp(params.kernel_overhead).astype(e.kernel_overhead.dtype),
          attention, prompt.astype(e.prefill_attention_max.dtype),
+         window.astype(e.window_prefill_attention_max.dtype),
          jax.nn.sigmoid(params.bandwidth_max).astype(e.bandwidth_max.dtype)))
     runtime = eqx.tree_at(lambda r: r.step_overhead, runtime,
                           jnp.exp(params.step_overhead).astype(runtime.step_overhead.dtype))
