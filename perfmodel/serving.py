@@ -252,15 +252,19 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
         + own_prefill
     # The requests that gathered between two looks are admitted together and queue behind
     # each other's prompts, `max_batched_tokens` a step: k = rate x (wait + k p) of them per
-    # look (rate from the closed loop without this term, p one prompt's share of a full
-    # prefill step); a request arriving at a random phase finds k / 2 of them ahead on
-    # average, k at most. Zero when the scheduler looks every step.
-    rate = running / (ttft_base + (O - 1.0) * tpot)
-    share = I / rt.max_batched_tokens * (burst.time + plain.time)
-    load = jnp.minimum(rate * share, 0.95)
-    group_wait = rate * poll_wait / (1.0 - load) * share
-    ttft_base = ttft_base + 0.5 * group_wait
+    # look (rate from the closed loop without this term), p one prompt's share of a
+    # prompt-only step of the budget plus a decode step. The prompt's part is what its
+    # chunk adds to the mixed step (mixed - plain), so a kernel of mean metrics needs no
+    # third step; where the decode batch is memory-bound part of the chunk hides behind it,
+    # so this is below a prompt-only step's share at high load (`calibration/README.md`,
+    # "Scheduler polling"). A request arriving at a random phase finds k / 2 of them ahead
+    # on average, k at most. Zero when the scheduler looks every step.
     e2e_base = ttft_base + (O - 1.0) * tpot
+    share = I / chunk * (mixed.time - plain.time) + I / rt.max_batched_tokens * plain.time
+    load = jnp.minimum(running / e2e_base * share, 0.95)
+    group_wait = poll_wait * load / (1.0 - load)
+    ttft_base = ttft_base + 0.5 * group_wait
+    e2e_base = e2e_base + 0.5 * group_wait
     e2e = e2e_base * per_instance / running
     ttft = e2e - (O - 1.0) * tpot
     requests_per_s = concurrency / e2e

@@ -11,9 +11,11 @@ today's kernel and below the slow one (measured with JAX 0.10.2); a new XLA that
 them is a reason to rerun `python benchmarks/profile_vmap.py --trace` before relaxing them.
 They were raised from 42 fusions and 1,600 bytes when the steady state began to price the
 queue of the requests an SGLang look admits together (`serving._aggregated`): its share of
-a prompt comes from the prompt-only step that only the p99 TTFT needed before, so a kernel
-of mean metrics now evaluates that step too (49 fusions and 2,760 bytes, against 36 and
-1,320 without the term; `bench_vmap.py` 7.2-7.5 ms against 4.0-4.1 ms on the same machine).
+a prompt came from the prompt-only step that only the p99 TTFT needed before, so a kernel
+of mean metrics evaluated that step too (49 fusions and 2,760 bytes, against 36 and 1,320
+without the term; `bench_vmap.py` 7.2-7.5 ms against 4.0-4.1 ms on the same machine). The
+share now comes from the mixed step the kernel evaluates anyway (41 fusions and 1,864
+bytes), and the bounds came down with it.
 """
 
 import pathlib
@@ -28,7 +30,7 @@ from profile_vmap import structure  # noqa: E402
 def test_the_vmapped_predict_compiles_to_few_fusions_and_little_traffic():
     batched, _, _, _ = bench_vmap.build()
     kernel = structure(batched, bench_vmap.configurations(100_000))
-    assert kernel["fusions"] <= 52, f"{kernel['fusions']} fusions (34 at 8117281, 76 at 01c0001)"
-    assert kernel["xla_bytes_per_config"] <= 3000.0, (
+    assert kernel["fusions"] <= 44, f"{kernel['fusions']} fusions (34 at 8117281, 76 at 01c0001)"
+    assert kernel["xla_bytes_per_config"] <= 2100.0, (
         f"{kernel['xla_bytes_per_config']:.0f} bytes per configuration (1,224 at 8117281, "
         "3,808 at 01c0001)")

@@ -417,9 +417,12 @@ def test_requests_gathered_between_looks_queue_behind_each_others_prompts():
     last one, and their prompts run one after another: at 8K-token prompts the TTFT that
     polling adds beyond the (N - 1) / 2 decode steps of waiting for the look (priced here
     at TPOT, a little above a decode step's time) grows with the arrival rate (the
-    concurrency), from under 1 % of that wait at 4 requests to over a fifth of it at 128
+    concurrency), from under 1 % of that wait at 4 requests to over a tenth of it at 128
     (the simulator puts the prompts' queue near 0.3 s there on B200,
-    `calibration/sglang_polling_check.py`)."""
+    `calibration/sglang_polling_check.py`). A prompt's share of a step comes from the mixed
+    step, where the prompt's work partly hides behind the decode batch's memory time: 0.13
+    of the wait at 128 requests (over a fifth when a prompt-only step priced it, at
+    `17b092a`)."""
     chip, model = pm.get_chip("b200"), pm.get_model("deepseek-r1")
     workload = pm.Workload(8192, 1024)
 
@@ -433,7 +436,7 @@ def test_requests_gathered_between_looks_queue_behind_each_others_prompts():
 
     light, heavy = excess(4.0), excess(128.0)
     assert abs(light) < 0.01
-    assert heavy > 0.2
+    assert heavy > 0.1
     assert excess(16.0) < excess(64.0) < heavy
 
 
