@@ -12,7 +12,6 @@ measured; this only names them (`calibration/README.md`, "Groups worse than 25 %
 from __future__ import annotations
 
 import collections
-import csv
 import pathlib
 import sys
 
@@ -30,14 +29,11 @@ RATIO = 20.0
 
 
 def main() -> int:
-    path = HERE / "data" / "benchmarks_inferencemax.csv"
-    with open(path, newline="") as f:
-        p99 = [float(r["p99_ttft_s"]) for r in csv.DictReader(f)]
-    rows = load_benchmarks(path)
+    rows = load_benchmarks(HERE / "data" / "benchmarks_inferencemax.csv")
     predicted = predict_rows(tuple(rows))
     groups = collections.defaultdict(lambda: ([], []))
     for row, pred in zip(rows, predicted, strict=True):
-        tail = p99[row.line - 2]   # `line` counts the header as line 1
+        tail = row.measured["p99_ttft_s"]
         stalled = tail > SECONDS and tail > RATIO * row.measured["median_ttft_s"]
         error = abs(pred["pred_tput_per_chip_total"] / row.measured["tput_per_gpu"] - 1.0)
         groups[(row.model, row.hardware, row.framework)][0 if stalled else 1].append(error)

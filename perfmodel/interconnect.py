@@ -38,14 +38,13 @@ GPU fabrics keep the ring only: their per-step and base latencies are fitted (ca
 fit.py) to NCCL measurements and InferenceMAX rows priced with the ring, which absorbs the
 libraries' own choice; offering one-shot and NVLS on NVLink without refitting moved the
 held-out InferenceMAX medians from 6.5 % to 10.3 % (throughput) and 7.7 % to 8.1 % (TPOT)
-(`python calibration/validate.py --no-refit --skip-loco`). With a refit (one-shot up to 8
-chips on every NVLink and xGMI fabric for the engines' rows, the nccl-tests points still
+(`python calibration/validate.py --no-refit --skip-loco`). A refit with one-shot up to 8
+chips on every NVLink and xGMI fabric for the engines' rows (the nccl-tests points still
 priced by the ring NCCL runs, whose small-message latency grows with the group: 10, 15 and
-25 us at 2, 4 and 8 B200s) the fitted rows gained (loss 76.6 to 74.8, median throughput
-error 6.7 % to 6.1 %) and the rows the fit never saw lost (held out 5.0 % to 6.2 %
-throughput and 6.4 % to 7.1 % TPOT, leave-one-chip-out 13.2 % to 15.1 %; 2026-12-05): not
-kept. Jalapeno offers ring, tree and one-shot across its 128-chip domain (its assumptions
-in chips.csv).
+25 us at 2, 4 and 8 B200s in `benchmarks_nccl_collectives.csv`) fitted its own rows better
+and the held-out and leave-one-chip-out rows worse (2026-12-05; the figures are in that
+session's note): not kept. Jalapeno offers ring, tree and one-shot across its 128-chip
+domain (its assumptions in chips.csv).
 """
 
 from __future__ import annotations
