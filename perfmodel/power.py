@@ -36,6 +36,7 @@ calibration/mlperf_check.py --maxq` prints the comparison; `tests/test_power.py`
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .hardware import Chip
@@ -45,6 +46,33 @@ from .smooth import DEFAULT_SHARPNESS, smooth_max
 #: How fast dynamic power falls with the clock under DVFS, P ~ f^k (module docstring: from
 #: the MaxQ and 700 W H200 results of MLPerf Inference v4.1).
 DVFS_EXPONENT = 2.0
+
+
+@jax.custom_jvp
+def _stretched_time(time, ceiling):
+    """The capped step time (time^(k-1) x ceiling)^(1/k) (s), `ceiling` (s) the maximum of
+    `apply_power_cap`: zero at zero time, the one root of the cap, nothing around it.
+
+    The root is what XLA:CPU treats as expensive: it computes it once, in one fusion, and
+    every consumer reads the result. A `where` around it (the zero-time case) is cheap, so
+    XLA copied it, and the whole step's formulas under it, into each consumer: a vmapped
+    `predict` of mean metrics recomputed the mixed step in four fusions (1,371 against 754
+    FLOP per configuration, `benchmarks/profile_vmap.py`). The derivative's guard lives in
+    the rule below instead: at zero time the capped time is the time (its tangent)."""
+    return (time ** (DVFS_EXPONENT - 1.0) * ceiling) ** (1.0 / DVFS_EXPONENT)
+
+
+@_stretched_time.defjvp
+def _stretched_time_jvp(primals, tangents):
+    (time, ceiling), (dtime, dceiling) = primals, tangents
+    capped = _stretched_time(time, ceiling)
+    # d t' = t' / k ((k - 1) dt / t + dc / c) where the step runs; dt where it does not
+    # (t = 0: the uncapped time is returned as it is).
+    running = time * ceiling > 0
+    safe_time, safe_ceiling = jnp.where(running, time, 1.0), jnp.where(running, ceiling, 1.0)
+    rate = capped / DVFS_EXPONENT * ((DVFS_EXPONENT - 1.0) * dtime / safe_time
+                                     + dceiling / safe_ceiling)
+    return capped, jnp.where(running, rate, dtime)
 
 
 def average_power(idle_power, dynamic_energy, time, utilization=1.0):
@@ -111,12 +139,13 @@ def apply_power_cap(chip: Chip, time, energy, sharpness=DEFAULT_SHARPNESS,
     # `tests/test_kernel_structure.py`).
     k = DVFS_EXPONENT
     ceiling = smooth_max(time, energy / headroom, sharpness=sharpness, hard=hard)
-    # A step of no time and no energy (nothing to run) is not stretched: its ratio is 1,
-    # not 0 / 0 (double-`where`, so the gradient is finite there too).
+    # The root alone (`_stretched_time`: XLA computes it once under a vmap). A step of no
+    # time and no energy (nothing to run) is not stretched: its ratio is 1, not 0 / 0 (the
+    # `where`s inside the division, so that XLA keeps one copy of it too, and the gradient
+    # is finite there).
+    capped = _stretched_time(time, ceiling)
     running = time * ceiling > 0
-    capped = jnp.where(running, jnp.where(running, time ** (k - 1.0) * ceiling, 1.0) ** (1.0 / k),
-                       time)
-    slowdown = jnp.where(running, time / jnp.where(running, capped, 1.0), 1.0)   # 1 / s
+    slowdown = jnp.where(running, time, 1.0) / jnp.where(running, capped, 1.0)   # 1 / s
     energy = energy * slowdown ** (k - 1.0)                                     # E / s^(k-1)
     power = average_power(chip.idle_power, energy, capped)
     stretch = 1.0 / slowdown

@@ -23,21 +23,23 @@ DEFAULT_SHARPNESS = 24.0
 
 
 @jax.custom_jvp
-def _hard_max(stack):
-    """`max` over the leading axis, whose derivative is that of the (first) largest
-    argument. JAX's own rule for `max` divides by the number of arguments equal to the
-    result; when a compiler evaluates the result and the arguments with different rounding
-    (XLA:CPU did, at LLVM -O0 without fusion emitters), none is equal, and the derivative
-    is 0 / 0."""
-    return jnp.max(stack, axis=0)
+def _hard_max(*xs):
+    """Elementwise `max` of arrays of one shape, whose derivative is that of the first
+    largest argument. JAX's own rule for `max` divides by the number of arguments equal to
+    the result; when a compiler evaluates the result and the arguments with different
+    rounding (XLA:CPU did, at LLVM -O0 without fusion emitters), none is equal, and the
+    derivative is 0 / 0."""
+    return functools.reduce(jnp.maximum, xs)
 
 
 @_hard_max.defjvp
 def _hard_max_jvp(primals, tangents):
-    (stack,), (dstack,) = primals, tangents
-    first = jnp.argmax(stack, axis=0)[None]
-    return (jnp.take_along_axis(stack, first, axis=0)[0],
-            jnp.take_along_axis(dstack, first, axis=0)[0])
+    # A running comparison: a later argument takes over only where it is strictly larger.
+    best, dbest = primals[0], tangents[0]
+    for x, dx in zip(primals[1:], tangents[1:], strict=True):
+        take = x > best
+        best, dbest = jnp.where(take, x, best), jnp.where(take, dx, dbest)
+    return _hard_max(*primals), dbest
 
 
 def smooth_max(*xs, sharpness=DEFAULT_SHARPNESS, hard: bool = False):
@@ -59,10 +61,12 @@ def smooth_max(*xs, sharpness=DEFAULT_SHARPNESS, hard: bool = False):
     """
     xs = jnp.broadcast_arrays(*[jnp.asarray(x) for x in xs])
     if hard:
-        # A reduction over the stack: under a wide vmap (enumeration) XLA:CPU fuses a chain
-        # of pairwise maxima into each consumer and recomputes it there (measured: 18 ->
-        # 23 ms for 140k designs).
-        return _hard_max(jnp.stack(xs))
+        # Elementwise maxima. A reduction over a stack of the arguments (as before
+        # 2026-12-05) kept XLA:CPU from copying cheap producers into each consumer, but
+        # became a YNNPACK fusion of its own; once the power cap's root stopped being
+        # copied (`power._stretched_time`), the maxima were faster under a wide vmap
+        # (`benchmarks/bench_vmap.py`, `bench_optimize.py`'s exhaustive kernel).
+        return _hard_max(*xs)
     # Unstacked (in the gradient step a stack of the arguments is an array over XLA:CPU's
     # 512-byte limit for running a loop body in order; see `optimize._block`), and in the
     # log domain: top * (sum_i (x_i / top)^p)^(1/p) = exp(m + log(sum_i exp(p (l_i -
@@ -89,6 +93,11 @@ def smooth_min(*xs, sharpness=DEFAULT_SHARPNESS, hard: bool = False):
         >>> round(float(smooth_min(4.0, jnp.inf)), 6)
         4.0
     """
+    if hard:
+        # The exact minimum (the first smallest argument's derivative), with no divisions:
+        # each was a kernel of its own under a wide vmap on XLA:CPU.
+        xs = jnp.broadcast_arrays(*[jnp.asarray(x) for x in xs])
+        return -_hard_max(*[-x for x in xs])
     inverses = [1.0 / jnp.asarray(x) for x in xs]
     return 1.0 / smooth_max(*inverses, sharpness=sharpness, hard=hard)
 

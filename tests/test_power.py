@@ -48,6 +48,35 @@ def test_smooth_cap_is_finite_and_differentiable_down_to_zero_energy():
         float(apply_power_cap(CHIP, 1e-3, 10.0, hard=True).time), rel=1e-3)
 
 
+@pytest.mark.parametrize("asked", [0.5, 1.0 + 1e-6, 4.0])
+def test_capped_time_derivatives_match_float64_finite_differences(asked):
+    # The root has its own derivative rule (`power._stretched_time`, so that XLA computes
+    # it once under a vmap): it must be the root's, below, at and above the cap (float64:
+    # the root conftest).
+    time = jnp.asarray(2e-3)
+    energy = jnp.asarray(asked * HEADROOM * 2e-3)
+
+    def capped(t, e):
+        return apply_power_cap(CHIP, t, e).time
+
+    dt, de = jax.grad(capped, argnums=(0, 1))(time, energy)
+    h = 1e-7
+    fd_t = (capped(time * (1 + h), energy) - capped(time * (1 - h), energy)) / (2 * h * time)
+    fd_e = (capped(time, energy * (1 + h)) - capped(time, energy * (1 - h))) / (2 * h * energy)
+    # Below the cap the smooth maximum leaves the energy a derivative of about 1e-10 s/J,
+    # under the differences' rounding: an absolute floor of 1e-6 of time / energy.
+    assert float(dt) == pytest.approx(float(fd_t), rel=1e-6)
+    assert float(de) == pytest.approx(float(fd_e), rel=1e-6, abs=1e-6 * 2e-3 / float(energy))
+
+
+def test_a_step_of_no_time_is_not_stretched_and_keeps_its_derivative():
+    r = apply_power_cap(CHIP, 0.0, 0.0, hard=True)
+    assert float(r.time) == 0.0 and float(r.throttle) == 1.0
+    # The capped time is the time there: derivative 1, not 0 / 0.
+    grad = jax.grad(lambda t: apply_power_cap(CHIP, t, 0.0, hard=True).time)(0.0)
+    assert float(grad) == 1.0
+
+
 def _script(name):
     import importlib.util
     path = pathlib.Path(__file__).resolve().parents[1] / "calibration" / f"{name}.py"

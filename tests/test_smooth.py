@@ -111,3 +111,15 @@ def test_hard_max_derivative_is_the_largest_arguments():
     np.testing.assert_array_equal(jax.grad(f)(tie), [1.0, 0.0, 0.0])
     batched = jax.vmap(jax.grad(f))(jnp.asarray([[1.0, 3.0, 2.0], [5.0, 0.0, 1.0]]))
     np.testing.assert_array_equal(batched, [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+
+
+def test_hard_min_is_the_exact_minimum_with_the_smallest_arguments_derivative():
+    """The hard minimum is computed without divisions (each was a kernel of its own under a
+    wide vmap): exact, including `inf` (no cap), with the first smallest argument's
+    derivative."""
+    x = jnp.asarray([3.0, 1.0 / 3.0, 2.0])
+    f = lambda x: smooth_min(x[0], x[1], x[2], hard=True)
+    assert float(f(x)) == 1.0 / 3.0
+    np.testing.assert_array_equal(jax.grad(f)(x), [0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(jax.grad(f)(jnp.asarray([1.0, 1.0, jnp.inf])), [1.0, 0.0, 0.0])
+    assert float(smooth_min(5.0, jnp.inf, hard=True)) == 5.0
