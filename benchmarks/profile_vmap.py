@@ -1,6 +1,7 @@
 """Where the time of `bench_vmap.py` goes: per-call overhead against per-configuration cost.
 
     python benchmarks/profile_vmap.py [--sizes 1 1000 10000 100000 1000000] [--trace]
+    python benchmarks/profile_vmap.py --grads [5000 10000 20000]
 
 Times the jitted, vmapped kernel after compilation at several batch sizes (the intercept of
 time against size is the host-side cost of a call: argument flattening, dispatch, the wait
@@ -10,6 +11,7 @@ fusions of the kernel on both cores), and prints XLA's own estimate of the kerne
 and bytes per configuration (`cost_analysis`) and the kernel's fusions. `--trace` also
 records 10 calls of 100,000 configurations with `jax.profiler` and lists the kernel's
 fusions by their total time per call (summed over the threads that ran them).
+`--grads [N ...]` reports the per-configuration gradient kernel instead, at each N per call.
 """
 
 from __future__ import annotations
@@ -73,13 +75,39 @@ def structure(batched, cfg) -> dict:
                 fusions=text.count(" fusion("), ynn_fusions=text.count("__ynn_fusion"))
 
 
+def grads(n: int, repeats: int) -> dict:
+    """The per-configuration gradient kernel of `bench_vmap.build_grads` at `n`
+    configurations a call: XLA's FLOPs and bytes per configuration, its fusions, and the
+    median gradients per second (`bench_vmap.timed`)."""
+    batched, chip, design = bench_vmap.build_grads()
+    cfg = bench_vmap.configurations(n)
+    lowered = batched.lower(cfg, chip, design)
+    kernel = lowered.compile().compiled      # equinox's wrapper -> jax's compiled object
+    cost = kernel.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    text = kernel.as_text()
+    _, run_s, _ = bench_vmap.timed(batched, cfg, chip, design, repeats=repeats)
+    return dict(n=n, grads_per_s=n / run_s,
+                xla_flops_per_config=float(cost.get("flops", float("nan"))) / n,
+                xla_bytes_per_config=float(cost.get("bytes accessed", float("nan"))) / n,
+                fusions=text.count(" fusion("))
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 1000, 10_000, 100_000,
                                                                    1_000_000])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--trace", action="store_true", help="list the fusions by time")
+    parser.add_argument("--grads", type=int, nargs="*", metavar="N",
+                        help="instead: the gradient kernel of `bench_vmap.py --grads` at each "
+                             "N configurations per call (default 5,000 10,000 20,000): its "
+                             "structure (`structure`) and gradients per second")
     args = parser.parse_args(argv)
+    if args.grads is not None:
+        result = dict(grads=[grads(n, args.repeats) for n in args.grads or (5000, 10000, 20000)])
+        print(json.dumps(result, indent=1))
+        return result
     batched, _, _, _ = bench_vmap.build()
     rows = []
     for n in args.sizes:
