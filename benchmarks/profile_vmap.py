@@ -61,12 +61,15 @@ def trace(batched, cfg, calls: int = 10, top: int = 12) -> list[dict]:
             for name, ns in total.most_common(top)]
 
 
-def structure(batched, cfg) -> dict:
-    """What XLA compiles `batched` into for the configurations `cfg`: its own estimate of
-    FLOPs and bytes of memory traffic per configuration (`cost_analysis`), its fusions and
-    how many of them are YNNPACK's (`tests/test_kernel_structure.py` bounds these)."""
+def structure(batched, cfg, *specs) -> dict:
+    """What XLA compiles `batched` into for the configurations `cfg` (and any further
+    arguments `specs`): its own estimate of FLOPs and bytes of memory traffic per
+    configuration (`cost_analysis`), its fusions and how many of them are YNNPACK's
+    (`tests/test_kernel_structure.py` bounds these)."""
     n = len(next(iter(cfg.values())))
-    compiled = batched.lower(cfg).compile()
+    compiled = batched.lower(cfg, *specs).compile()
+    # equinox's `filter_jit` wraps jax's compiled object
+    compiled = getattr(compiled, "compiled", compiled)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     text = compiled.as_text()
@@ -81,16 +84,8 @@ def grads(n: int, repeats: int) -> dict:
     median gradients per second (`bench_vmap.timed`)."""
     batched, chip, design = bench_vmap.build_grads()
     cfg = bench_vmap.configurations(n)
-    lowered = batched.lower(cfg, chip, design)
-    kernel = lowered.compile().compiled      # equinox's wrapper -> jax's compiled object
-    cost = kernel.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    text = kernel.as_text()
     _, run_s, _ = bench_vmap.timed(batched, cfg, chip, design, repeats=repeats)
-    return dict(n=n, grads_per_s=n / run_s,
-                xla_flops_per_config=float(cost.get("flops", float("nan"))) / n,
-                xla_bytes_per_config=float(cost.get("bytes accessed", float("nan"))) / n,
-                fusions=text.count(" fusion("))
+    return dict(n=n, grads_per_s=n / run_s, **structure(batched, cfg, chip, design))
 
 
 def main(argv=None) -> dict:

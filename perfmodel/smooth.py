@@ -96,8 +96,7 @@ def smooth_min(*xs, sharpness=DEFAULT_SHARPNESS, hard: bool = False):
     if hard:
         # The exact minimum (the first smallest argument's derivative), with no divisions:
         # each was a kernel of its own under a wide vmap on XLA:CPU.
-        xs = jnp.broadcast_arrays(*[jnp.asarray(x) for x in xs])
-        return -_hard_max(*[-x for x in xs])
+        return -smooth_max(*[-jnp.asarray(x) for x in xs], hard=True)
     inverses = [1.0 / jnp.asarray(x) for x in xs]
     return 1.0 / smooth_max(*inverses, sharpness=sharpness, hard=hard)
 
