@@ -64,7 +64,8 @@ def trace(batched, cfg, calls: int = 10, top: int = 12) -> list[dict]:
 def structure(batched, cfg, *specs) -> dict:
     """What XLA compiles `batched` into for the configurations `cfg` (and any further
     arguments `specs`): its own estimate of FLOPs and bytes of memory traffic per
-    configuration (`cost_analysis`), its fusions and how many of them are YNNPACK's
+    configuration (`cost_analysis`), its fusions, how many of them are YNNPACK's, and its
+    power operations (an exp of a log on XLA:CPU, about four times a square root)
     (`tests/test_kernel_structure.py` bounds these)."""
     n = len(next(iter(cfg.values())))
     compiled = batched.lower(cfg, *specs).compile()
@@ -75,7 +76,8 @@ def structure(batched, cfg, *specs) -> dict:
     text = compiled.as_text()
     return dict(xla_flops_per_config=float(cost.get("flops", float("nan"))) / n,
                 xla_bytes_per_config=float(cost.get("bytes accessed", float("nan"))) / n,
-                fusions=text.count(" fusion("), ynn_fusions=text.count("__ynn_fusion"))
+                fusions=text.count(" fusion("), ynn_fusions=text.count("__ynn_fusion"),
+                powers=text.count(" power("))
 
 
 def grads(n: int, repeats: int) -> dict:

@@ -120,6 +120,14 @@ class Efficiency(eqx.Module):
         inverse = 1.0 / self.format_ceiling
         return peak_flops * (1.0 + inverse) / (1.0 + (peak_flops / bf16) * inverse)
 
+    def inverse_class_peaks(self, peak_flops):
+        """1 / `class_peaks` (s/FLOP), as (P_bf16 + P_c / c) / ((1 + 1/c) P_c P_bf16): one
+        division for every class (a one-class operator then reads its column, where the
+        inverse of each operator's peak was a division of its own; `roofline.step_cost`)."""
+        bf16 = lax.index_in_dim(peak_flops, COMPUTE_CLASSES.index("bf16"), axis=-1)
+        inverse = 1.0 / self.format_ceiling
+        return (bf16 + peak_flops * inverse) / ((1.0 + inverse) * peak_flops * bf16)
+
     def compute_fraction(self, rows):
         """Fraction of peak FLOP/s reached by a matmul with `rows` rows (tokens)."""
         rows = jnp.maximum(_array(rows), 0.0)

@@ -123,7 +123,9 @@ class AbstractInterconnect(eqx.Module):
         # Seconds per byte apart from the message: inside a gradient loop it depends on the
         # chip and the layout only, so XLA hoists it out, and each step multiplies instead
         # of dividing (a division per collective was a small kernel of its own per step).
-        per_byte = traffic / (self.bandwidth * self.efficiency * bw_mult)
+        # The reciprocal alone, then the traffic factor: collectives of one fabric share it
+        # (one division where each collective's factor made its own).
+        per_byte = traffic * (1.0 / (self.bandwidth * self.efficiency * bw_mult))
         return self.base_latency + steps * self.latency + _array(message_bytes) * per_byte
 
     def _time_numbers(self, kind, message_bytes, n):

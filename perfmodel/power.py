@@ -59,6 +59,10 @@ def _stretched_time(time, ceiling):
     `predict` of mean metrics recomputed the mixed step in four fusions (README, "Speed";
     `benchmarks/profile_vmap.py`). The derivative's guard lives in
     the rule below instead: at zero time the capped time is the time (its tangent)."""
+    if DVFS_EXPONENT == 2.0:
+        # The same root as a square root: XLA:CPU's power is an exp of a log, about a fifth
+        # of a wide vmap's time (`benchmarks/profile_vmap.py --trace`).
+        return jnp.sqrt(time * ceiling)
     return (time ** (DVFS_EXPONENT - 1.0) * ceiling) ** (1.0 / DVFS_EXPONENT)
 
 

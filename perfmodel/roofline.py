@@ -30,7 +30,7 @@ from .hardware import Chip
 from .interconnect import collective_time
 from .moe import expert_load
 from .smooth import DEFAULT_SHARPNESS, smooth_max, smooth_min
-from .static import add_if, branch, logical_and, logical_not, minimum
+from .static import add_if, branch, column, concrete, logical_and, logical_not, minimum, weighted
 
 OPERATOR_NAMES = ("qkv_proj", "attention", "prefill_attention", "out_proj", "router",
                   "experts", "shared_experts", "dense_ffn", "lm_head", "draft")
@@ -328,6 +328,18 @@ def _peak(op: Operator, chip: Chip, unrolled: bool = True, class_peaks=None):
     return _mix(op.compute_mix, class_peaks, unrolled)
 
 
+def _inverse_peak(op: Operator, chip: Chip, class_peaks, inverse_class_peaks):
+    """1 / `_peak` (s/FLOP): for a compute mix of one class known when tracing (a concrete
+    one-hot `compute_mix`), that class's column of `inverse_class_peaks`
+    (`Efficiency.inverse_class_peaks`), else the inverse of the mixed peak."""
+    weights = concrete(op.compute_mix)
+    if weights is not None and weights.ndim == 1:
+        if np.count_nonzero(weights) == 1 and weights.max() == 1.0:
+            return lax.index_in_dim(inverse_class_peaks, int(np.argmax(weights)), axis=-1,
+                                    keepdims=False)
+    return 1.0 / _peak(op, chip, class_peaks=class_peaks)
+
+
 def _energy_per_flop(op: Operator, chip: Chip, unrolled: bool = True):
     """Dynamic energy per FLOP (J) of the operator's compute mix on `chip` (`_mix`)."""
     return _mix(op.compute_mix, chip.energy.per_flop, unrolled)
@@ -365,55 +377,62 @@ def attention_kernels(model: Model, chip: Chip) -> Chip:
 
 
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
-                   decode_seqs_per_chip, sharpness, hard, peak=None):
+                   decode_seqs_per_chip, sharpness, hard, peak=None, inverse_peak=None):
     """`operator_time` with the operator's kind given as data, `attention` (an
     `ATTENTION_KIND` code: 0 none, 1 decode, 2 prompt attention) and the
     placement of its weights `weight_map`, so that `jax.vmap` can run a stack of operators
     through one copy of the formulas. `peak` (FLOP/s), when given, is the operator's peak
-    for its `compute_mix` (`_peak`), reduced by the caller."""
+    for its `compute_mix` (`_peak`), reduced by the caller; `inverse_peak` (s/FLOP), when
+    given instead, its inverse (`_inverse_peak`)."""
     eff = chip.efficiency
-    if peak is None:
-        peak = _peak(op, chip)
+    if inverse_peak is None:
+        inverse_peak = 1.0 / (_peak(op, chip) if peak is None else peak)
     # Attention kernels reach their own ceiling; matmuls a fraction set by their rows.
     fraction = jnp.where(attention == 1, eff.attention_max,
                          jnp.where(attention == 2, eff.prefill_attention_max,
                                    eff.compute_fraction(op.rows)))
-    compute = op.flops * (1.0 / (peak * jnp.maximum(fraction, 1e-6)))
+    # The inverse peak is shared by the operators of one compute class (XLA computes it
+    # once); the inverse fraction folds to a constant for attention kernels.
+    compute = op.flops * inverse_peak * (1.0 / jnp.maximum(fraction, 1e-6))
     # Slice mapping: interleaved reads cross the fabric; partitioned KV idles slices when
     # fewer sequences than slices run; partitioned weights reduce partial sums across slices.
     slices = chip.num_slices
     wmap, kmap = weight_map, design.mapping.kv
     busy = smooth_min(jnp.maximum(decode_seqs_per_chip, 1e-3), slices,
                       sharpness=sharpness, hard=hard) / slices
-    # Placement columns (interleaved, partitioned, replicated) by `lax.index_in_dim`: the
-    # same program as `x[..., i]` under jit, and eager (row predictions) a fifth of its cost.
-    k_inter, k_part, k_repl = (lax.index_in_dim(kmap, i, axis=-1, keepdims=False)
-                               for i in range(3))
-    w_inter, w_part = (lax.index_in_dim(wmap, i, axis=-1, keepdims=False) for i in range(2))
+    # Placement columns (interleaved, partitioned, replicated; `static.column`): those a
+    # closed-over design sets to 0 or 1 leave no dead term (`static.weighted`; the dead
+    # 1 / busy of interleaved KV was a kernel of its own under a wide `vmap`).
+    k_inter, k_part, k_repl = (column(kmap, i) for i in range(3))
+    w_inter, w_part = (column(wmap, i) for i in range(2))
     # Multiplications by reciprocals the operators share (XLA computes each once): a
     # division per operator made the step's fusions division-bound on XLA:CPU, about 9 %
     # of a wide `vmap` (`benchmarks/bench_vmap.py`, alternating runs).
-    kv_slowdown = k_inter + k_repl + k_part * (1.0 / busy)
+    kv_slowdown = k_inter + k_repl + weighted(k_part, 1.0 / busy)
     bandwidth = chip.hbm_bandwidth * eff.bandwidth_max
     moved = op.weight_bytes + op.activation_bytes + op.kv_bytes * kv_slowdown
     memory = moved * (1.0 / bandwidth) + eff.memory_latency * (op.hbm_bytes > 0)
     cross = (slices - 1.0) / slices
-    fabric_bytes = (cross * (w_inter * op.weight_bytes + k_inter * op.kv_bytes)
-                    + w_part * cross * op.fabric_rows * design.precision.activation_bytes
-                    * 2.0 * (op.weight_bytes > 0))
+    fabric_bytes = (cross * (weighted(w_inter, op.weight_bytes) + weighted(k_inter, op.kv_bytes))
+                    + weighted(w_part, cross * op.fabric_rows
+                               * design.precision.activation_bytes * 2.0
+                               * (op.weight_bytes > 0)))
     fabric = fabric_bytes * (1.0 / chip.slice_bandwidth)
     core = smooth_max(compute, memory, fabric, sharpness=sharpness, hard=hard)
     return core + eff.kernel_overhead * op.kernels, fabric_bytes
 
 
 def operator_time(op: Operator, chip: Chip, design: Design, decode_seqs_per_chip,
-                  sharpness=DEFAULT_SHARPNESS, hard: bool = False, peak=None):
+                  sharpness=DEFAULT_SHARPNESS, hard: bool = False, peak=None,
+                  inverse_peak=None):
     """Seconds of one operator on one chip: smooth max of compute, memory and slice-fabric
     time, plus per-kernel overhead. Returns (seconds, slice-fabric bytes). `peak` (FLOP/s),
-    when given, is the operator's peak (`_peak`), computed by the caller."""
+    when given, is the operator's peak (`_peak`), computed by the caller; `inverse_peak`
+    (s/FLOP) its inverse."""
     return _operator_time(op, ATTENTION_KIND.get(op.name, 0),
                           design.mapping.weight_class(op.name),
-                          chip, design, decode_seqs_per_chip, sharpness, hard, peak)
+                          chip, design, decode_seqs_per_chip, sharpness, hard, peak,
+                          inverse_peak)
 
 
 def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutNumbers,
@@ -481,9 +500,11 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         times, operators_time = tuple(t), jnp.sum(t, axis=0)
         energy, flops, hbm_bytes = (jnp.sum(x, axis=0) for x in (energy, flops, hbm_bytes))
     else:
+        inverse_class_peaks = chip.efficiency.inverse_class_peaks(chip.peak_flops)
         times = tuple(
             operator_time(op, chip, design, seqs_per_chip, sharpness, hard,
-                          _peak(op, chip, class_peaks=class_peaks))[0]
+                          inverse_peak=_inverse_peak(op, chip, class_peaks,
+                                                     inverse_class_peaks))[0]
             / (runtime.expert_efficiency if op.name == "experts" else 1.0)
             / runtime.kernel_efficiency for op in ops)
         operators_time = sum(times)

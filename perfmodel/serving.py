@@ -41,6 +41,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optimistix as optx
 
 from .architecture import Model
@@ -57,7 +58,7 @@ from .kvcache import (
 from .power import apply_power_cap, average_power, dynamic_energy
 from .roofline import step_cost
 from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
-from .static import branch
+from .static import branch, concrete
 from .workload import Workload
 
 #: Each `Metrics` field's column name in rows, tables and CSV files (`Metrics.to_row`); a
@@ -247,7 +248,12 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     own_prefill = smooth_max(I / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
     # The scheduler looks for new requests every `poll_steps` decode steps: a request
     # arriving at a random phase waits (N - 1) / 2 of them on average, (N - 1) at most.
-    poll_wait = (rt.poll_steps - 1.0) * plain.time
+    polls = concrete(rt.poll_steps)
+    # Exactly zero when the scheduler is known to look every step (XLA keeps 0 x t, and
+    # 0 x load / (1 - load) below was a kernel of its own under a wide vmap).
+    every_step = polls is not None and bool(np.all(polls == 1.0))
+    poll_wait = jnp.zeros_like(plain.time) if every_step \
+        else (rt.poll_steps - 1.0) * plain.time
     ttft_base = rt.request_overhead + rt.admission_steps * step + 0.5 * poll_wait \
         + own_prefill
     # The requests that gathered between two looks are admitted together and queue behind
@@ -262,7 +268,7 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     e2e_base = ttft_base + (O - 1.0) * tpot
     share = I / chunk * (mixed.time - plain.time) + I / rt.max_batched_tokens * plain.time
     load = jnp.minimum(running / e2e_base * share, 0.95)
-    group_wait = poll_wait * load / (1.0 - load)
+    group_wait = poll_wait if every_step else poll_wait * load / (1.0 - load)
     ttft_base = ttft_base + 0.5 * group_wait
     e2e_base = e2e_base + 0.5 * group_wait
     e2e = e2e_base * per_instance / running

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -25,6 +26,44 @@ _STATIC = (bool, int, float, np.bool_, np.integer, np.floating)
 def is_static(*xs) -> bool:
     """True when every argument is a Python (or NumPy scalar) number or bool."""
     return all(isinstance(x, _STATIC) for x in xs)
+
+
+def concrete(x) -> np.ndarray | None:
+    """`x` as a NumPy array where its value is known while tracing (a number, a NumPy
+    array or a concrete JAX array: specs closed over by a jitted function), else None (a
+    traced value). Formulas use it to drop terms that are exactly zero or one, which XLA
+    keeps (x * 0 is not 0 for an infinite x)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def column(x, i: int):
+    """`x[..., i]`: a NumPy array where `x` is known while tracing (`concrete`; so that
+    `weighted` sees it: under jit every JAX operation is traced, constants included),
+    else `lax.index_in_dim` (the same program as `x[..., i]`, and eager a fifth of its
+    cost)."""
+    known = concrete(x)
+    if known is not None:
+        return known[..., i]
+    return jax.lax.index_in_dim(x, i, axis=-1, keepdims=False)
+
+
+def weighted(weight, x):
+    """`weight * x`, except that a `weight` known while tracing (`concrete`) to be exactly 0
+    gives 0.0 and exactly 1 gives `x`: a placement or mix column that a closed-over design
+    sets leaves no dead division in the program (XLA keeps 0 x (1 / y)).
+
+    Example:
+        >>> weighted(0.0, jnp.inf), weighted(1.0, 3.0), float(weighted(jnp.asarray(0.5), 4.0))
+        (0.0, 3.0, 2.0)
+    """
+    known = concrete(weight)
+    if known is not None and np.all(known == 0.0):
+        return 0.0
+    if known is not None and np.all(known == 1.0):
+        return x
+    return weight * x
 
 
 def branch(condition, if_true, if_false):

@@ -198,3 +198,18 @@ def test_gpu_fabrics_keep_the_ring_their_fit_was_made_with():
         assert pm.get_chip(name).scale_up.algorithms == ("ring",), name
     up = pm.get_chip("jalapeno").scale_up
     assert up.algorithms == ("ring", "tree", "one_shot") and up.direct_max_group == 128
+
+
+def test_collectives_of_one_fabric_share_one_reciprocal():
+    """An all-reduce and an all-gather over one fabric whose bandwidth varies per
+    configuration divide once between them (`_time`: the fabric's seconds per byte, then
+    each collective's traffic factor): a division each was a kernel of its own under a
+    wide vmap."""
+    import jax
+
+    def times(bandwidth):
+        link = pm.Switch(bandwidth=bandwidth, latency=ALPHA, efficiency=0.8)
+        return link.time("all_reduce", 1e6, 8) + link.time("all_gather", 1e6, 8)
+
+    kernel = jax.jit(jax.vmap(times)).lower(jnp.linspace(1e11, 9e11, 1000)).compile()
+    assert kernel.as_text().count(" divide(") == 1

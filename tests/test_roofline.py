@@ -440,6 +440,30 @@ def test_requests_gathered_between_looks_queue_behind_each_others_prompts():
     assert excess(16.0) < excess(64.0) < heavy
 
 
+def test_a_scheduler_known_to_look_every_step_prices_no_queue_between_looks():
+    """With `Runtime.poll_steps` 1 known while tracing (the design closed over by jit), the
+    wait for the look and the queue of the requests gathered between looks are exactly
+    zero and not computed (their `load` clamp at 0.95 leaves the program); with the design
+    traced they are computed, and come to zero. Same metrics either way."""
+    import jax
+
+    chip, model = pm.get_chip("b200"), pm.get_model("deepseek-r1")
+    workload = pm.Workload(8192, 1024)
+    design = pm.Design(concurrency=64.0, layout=pm.Layout(tp=4, ep=4),
+                       precision=pm.precision(chip, model, "fp4", kv="fp8"))
+
+    def ttft(design, concurrency):
+        d = eqx.tree_at(lambda x: x.concurrency, design, concurrency)
+        return pm.predict(model, chip, workload, d, hard=True, check=False).ttft
+
+    closed = jax.jit(lambda c: ttft(design, c))
+    traced = eqx.filter_jit(ttft)
+    c = np.asarray(64.0)
+    np.testing.assert_allclose(float(closed(c)), float(traced(design, c)), rtol=1e-13)
+    assert "0.95" not in closed.lower(c).compile().as_text()
+    assert "0.95" in traced.lower(design, c).compile().compiled.as_text()
+
+
 def _split_gpt_oss(concurrency, admission_steps=None):
     """gpt-oss-120b on GB200: one prefill GPU, one two-GPU decode instance."""
     chip, model = pm.get_chip("gb200"), pm.get_model("gpt-oss-120b")
@@ -488,3 +512,56 @@ def test_disaggregated_prompts_queue_at_the_prefill_instance_below_saturation():
     assert float(out[2].throughput_per_chip) > 1.15 * float(out[1].throughput_per_chip)
     assert float(out[2].throughput_per_chip) > 6.0 * float(out[0].throughput_per_chip)
     assert float(out[2].ttft) > 1.05 * float(out[0].ttft)
+
+
+def test_inverse_class_peaks_invert_the_class_peaks():
+    """`Efficiency.inverse_class_peaks` is 1 / `class_peaks`, with an infinite format ceiling
+    too (where it is 1 / the datasheet peak)."""
+    import jax.numpy as jnp
+
+    for name in ("b200", "h200", "mi355x", "jalapeno"):
+        chip = pm.get_chip(name)
+        for eff in (chip.efficiency,
+                    eqx.tree_at(lambda e: e.format_ceiling, chip.efficiency, jnp.asarray(jnp.inf))):
+            inverse = np.asarray(eff.inverse_class_peaks(chip.peak_flops))
+            np.testing.assert_allclose(inverse * np.asarray(eff.class_peaks(chip.peak_flops)),
+                                       1.0, rtol=1e-14)
+
+
+def test_one_class_operators_read_their_inverse_peak_column():
+    """Under jit with the design closed over, a one-class compute mix is known while tracing
+    and its operators read their class's column of the inverse peaks (`_inverse_peak`);
+    with the design an argument (traced) they invert the mixed peak. Same step times."""
+    import jax
+
+    chip, model = pm.get_chip("gb200"), pm.get_model("deepseek-r1")
+    for fmt in ("fp4", "fp8", "bf16"):
+        design = pm.Design(concurrency=64.0, layout=pm.Layout(tp=8, ep=8, dp_attention=True),
+                           precision=pm.precision(chip, model, fmt))
+
+        def step(design, chip):
+            return roofline.step_cost(model, chip, design, design.layout, 64.0, 4096.0, 512.0,
+                                      2048.0, 0.25, hard=True).time
+
+        closed = jax.jit(lambda c, d=design: step(d, c))(chip)
+        traced = eqx.filter_jit(step)(design, chip)
+        np.testing.assert_allclose(float(closed), float(traced), rtol=1e-13)
+
+
+def test_placement_columns_set_to_zero_leave_no_division():
+    """A closed-over design whose KV is interleaved prices no partitioned-KV slowdown: its
+    1 / busy slices (`static.weighted` on the `static.column` of the placement) leaves the
+    program, which then divides once less than with the KV partitioned."""
+    import jax
+
+    chip, model = pm.get_chip("jalapeno"), pm.get_model("llama-3.1-70b")
+    base = pm.Design(concurrency=8.0, layout=pm.Layout(tp=8),
+                     precision=pm.precision(chip, model, "fp8"))
+
+    def divisions(kv):
+        design = eqx.tree_at(lambda d: d.mapping, base, pm.design.mapping(kv=kv))
+        step = jax.jit(jax.vmap(lambda s: roofline.step_cost(
+            model, chip, design, design.layout, s, 2048.0, hard=True).time))
+        return step.lower(np.linspace(1.0, 64.0, 100)).compile().as_text().count(" divide(")
+
+    assert divisions("interleaved") < divisions("partitioned")
