@@ -121,12 +121,16 @@ class Efficiency(eqx.Module):
         return peak_flops * (1.0 + inverse) / (1.0 + (peak_flops / bf16) * inverse)
 
     def inverse_class_peaks(self, peak_flops):
-        """1 / `class_peaks` (s/FLOP), as (P_bf16 + P_c / c) / ((1 + 1/c) P_c P_bf16): one
+        """1 / `class_peaks` (s/FLOP), (P_bf16 + P_c / c) / ((1 + 1/c) P_c P_bf16): one
         division for every class (a one-class operator then reads its column, where the
-        inverse of each operator's peak was a division of its own; `roofline.step_cost`)."""
-        bf16 = lax.index_in_dim(peak_flops, COMPUTE_CLASSES.index("bf16"), axis=-1)
+        inverse of each operator's peak was a division of its own under a wide vmap;
+        `roofline.step_cost`; a division by the broadcast BF16 peak would be a second
+        kernel). In PFLOP/s: the product of two peaks in FLOP/s, squared in the
+        derivative, overflows float32."""
+        peta = peak_flops * 1e-15
+        bf16 = lax.index_in_dim(peta, COMPUTE_CLASSES.index("bf16"), axis=-1)
         inverse = 1.0 / self.format_ceiling
-        return (bf16 + peak_flops * inverse) / ((1.0 + inverse) * peak_flops * bf16)
+        return 1e-15 * (bf16 + peta * inverse) / ((1.0 + inverse) * peta * bf16)
 
     def compute_fraction(self, rows):
         """Fraction of peak FLOP/s reached by a matmul with `rows` rows (tokens)."""

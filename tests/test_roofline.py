@@ -178,7 +178,7 @@ def test_each_model_runs_its_own_attention_kernels():
             == pytest.approx(base, rel=1e-12), (name, phase)
     t, op, c = attention_time("llama-3.1-70b", "prefill", full_attention_max=0.5)
     peak = float(c.efficiency.class_peaks(c.peak_flops)[COMPUTE_CLASSES.index("bf16")])
-    assert t >= float(op.flops) / (peak * 0.5)
+    assert t >= float(op.flops) / (peak * 0.5) * (1.0 - 1e-12)   # to rounding
     assert t == pytest.approx(float(op.flops) / (peak * 0.5), rel=0.05)
 
 
