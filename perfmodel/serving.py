@@ -41,7 +41,6 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optimistix as optx
 
 from .architecture import Model
@@ -58,7 +57,7 @@ from .kvcache import (
 from .power import apply_power_cap, average_power, dynamic_energy
 from .roofline import step_cost
 from .smooth import DEFAULT_SHARPNESS, safe_sqrt, smooth_max, smooth_min, soft_penalty
-from .static import branch, concrete
+from .static import branch, known
 from .workload import Workload
 
 #: Each `Metrics` field's column name in rows, tables and CSV files (`Metrics.to_row`); a
@@ -248,10 +247,9 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     own_prefill = smooth_max(I / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
     # The scheduler looks for new requests every `poll_steps` decode steps: a request
     # arriving at a random phase waits (N - 1) / 2 of them on average, (N - 1) at most.
-    polls = concrete(rt.poll_steps)
     # Exactly zero when the scheduler is known to look every step (XLA keeps 0 x t, and
     # 0 x load / (1 - load) below was a kernel of its own under a wide vmap).
-    every_step = polls is not None and bool(np.all(polls == 1.0))
+    every_step = known(rt.poll_steps, 1.0)
     poll_wait = jnp.zeros_like(plain.time) if every_step \
         else (rt.poll_steps - 1.0) * plain.time
     ttft_base = rt.request_overhead + rt.admission_steps * step + 0.5 * poll_wait \

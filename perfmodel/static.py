@@ -38,14 +38,26 @@ def concrete(x) -> np.ndarray | None:
     return np.asarray(x)
 
 
+def known(x, value) -> bool:
+    """True where every element of `x` is known while tracing (`concrete`) to equal
+    `value`.
+
+    Example:
+        >>> known(1.0, 1.0), known(jnp.asarray([0.0, 0.0]), 0.0), known(2.0, 1.0)
+        (True, True, False)
+    """
+    c = concrete(x)
+    return c is not None and bool(np.all(c == value))
+
+
 def column(x, i: int):
     """`x[..., i]`: a NumPy array where `x` is known while tracing (`concrete`; so that
     `weighted` sees it: under jit every JAX operation is traced, constants included),
     else `lax.index_in_dim` (the same program as `x[..., i]`, and eager a fifth of its
     cost)."""
-    known = concrete(x)
-    if known is not None:
-        return known[..., i]
+    c = concrete(x)
+    if c is not None:
+        return c[..., i]
     return jax.lax.index_in_dim(x, i, axis=-1, keepdims=False)
 
 
@@ -58,10 +70,9 @@ def weighted(weight, x):
         >>> weighted(0.0, jnp.inf), weighted(1.0, 3.0), float(weighted(jnp.asarray(0.5), 4.0))
         (0.0, 3.0, 2.0)
     """
-    known = concrete(weight)
-    if known is not None and np.all(known == 0.0):
+    if known(weight, 0.0):
         return 0.0
-    if known is not None and np.all(known == 1.0):
+    if known(weight, 1.0):
         return x
     return weight * x
 
