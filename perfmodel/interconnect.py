@@ -55,10 +55,11 @@ import math
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 
 from .checks import FRACTION, NON_NEGATIVE, POSITIVE, as_number, check
 from .smooth import smooth_min
-from .static import ceil, is_static, maximum
+from .static import ceil, concrete, is_static, maximum
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -132,7 +133,8 @@ class AbstractInterconnect(eqx.Module):
         # The formulas run on n >= 2 (a group of one moves nothing and its terms, e.g. a
         # torus spanning no axis, divide by zero); groups of one then select 0.
         time = self._cost(kind, message_bytes, jnp.maximum(n, 2.0))
-        if kind == "p2p":
+        sizes = concrete(n)
+        if kind == "p2p" or (sizes is not None and not np.any(sizes == 1)):
             return time
         return jnp.where(n == 1, 0.0, time)
 
@@ -311,6 +313,11 @@ def collective_time(kind: str, message_bytes, n, scale_up: AbstractInterconnect,
     domain_size = max(int(domain_size), 1)
     if not is_static(n):
         n = _array(n)
+        sizes = concrete(n)
+        if sizes is not None and np.all(sizes <= domain_size):
+            # Every group known while tracing to fit in the domain (an eager evaluation of
+            # many layouts): the scale-out tier does not enter.
+            return scale_up.time(kind, message_bytes, n)
         within = scale_up.time(kind, message_bytes, jnp.minimum(n, domain_size))
         # Evaluated on a group past the domain (masked where n fits in it): the all-to-all
         # share below divides by n - 1.

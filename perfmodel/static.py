@@ -94,6 +94,9 @@ def branch(condition, if_true, if_false):
     """
     if is_static(condition):
         return if_true() if condition else if_false()
+    decided = _decided(condition)
+    if decided is not None:
+        return if_true() if decided else if_false()
     condition = jnp.asarray(condition, dtype=bool)
     a, b = if_true(), if_false()
     if isinstance(a, tuple):
@@ -101,11 +104,26 @@ def branch(condition, if_true, if_false):
     return jnp.where(condition, a, b)
 
 
+def _decided(condition) -> bool | None:
+    """True or False where a boolean array is known while tracing (`concrete`) to hold
+    everywhere or nowhere, else None. An eager evaluation of many rows then skips a branch
+    no row takes, and a branch every row takes needs no select (the same numbers)."""
+    c = concrete(condition)
+    if c is None:
+        return None
+    if np.all(c):
+        return True
+    return False if not np.any(c) else None
+
+
 def add_if(condition, total, increment):
     """`total + increment()` where `condition` holds, else `total` (not evaluated when
-    `condition` is a Python False)."""
+    `condition` is False, as a Python bool or known while tracing to be everywhere)."""
     if is_static(condition):
         return total + increment() if condition else total
+    decided = _decided(condition)
+    if decided is not None:
+        return total + increment() if decided else total
     return jnp.where(jnp.asarray(condition, dtype=bool), total + increment(), total)
 
 

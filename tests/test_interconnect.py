@@ -213,3 +213,31 @@ def test_collectives_of_one_fabric_share_one_reciprocal():
 
     kernel = jax.jit(jax.vmap(times)).lower(jnp.linspace(1e11, 9e11, 1000)).compile()
     assert kernel.as_text().count(" divide(") == 1
+
+
+def test_group_sizes_known_to_fit_the_domain_never_price_scale_out():
+    """Group sizes as a concrete array (an eager evaluation of many layouts): when every
+    group fits in the scale-up domain the scale-out tier is not evaluated, when some do not
+    both tiers are, and either way the times equal those of the traced sizes (where both
+    are computed and selected) and of each size alone."""
+    import jax
+
+    class Refuses(pm.Switch):
+        def time(self, kind, message_bytes, n):
+            raise AssertionError("scale-out priced for groups that fit in the domain")
+
+    up = pm.Switch(bandwidth=900e9, latency=1e-6, efficiency=1.0)
+    out = pm.Switch(bandwidth=50e9, latency=10e-6, efficiency=1.0)
+    refuses = Refuses(bandwidth=50e9, latency=10e-6, efficiency=1.0)
+    for kind in ("all_reduce", "all_to_all", "all_gather"):
+        inside = jnp.asarray([1.0, 2.0, 8.0])
+        eager = pm.collective_time(kind, 1e6, inside, up, refuses, 8)
+        traced = jax.jit(lambda n, kind=kind: pm.collective_time(kind, 1e6, n, up, out, 8))
+        np.testing.assert_array_equal(eager, traced(inside))
+        np.testing.assert_array_equal(
+            eager, [float(pm.collective_time(kind, 1e6, int(n), up, out, 8)) for n in inside])
+        with pytest.raises(AssertionError, match="scale-out priced"):
+            pm.collective_time(kind, 1e6, jnp.asarray([2.0, 16.0]), up, refuses, 8)
+        mixed = jnp.asarray([2.0, 16.0])
+        np.testing.assert_array_equal(pm.collective_time(kind, 1e6, mixed, up, out, 8),
+                                      traced(mixed))

@@ -298,3 +298,28 @@ def test_collective_time_of_array_groups(up, kind):
     grads = jax.vmap(jax.grad(lambda m, n: pm.collective_time(kind, m, n, up, out, 64)),
                      in_axes=(None, 0))(1e6, jnp.asarray(sizes, dtype=float))
     assert np.all(np.isfinite(grads))
+
+
+def test_conditions_known_while_tracing_take_one_branch():
+    """`static.add_if` and `static.branch` on a concrete boolean array (layouts as numbers
+    evaluated eagerly): nowhere true evaluates only the other branch, everywhere true only
+    its own, both with the numbers of the elementwise select; a mixed or traced condition
+    selects elementwise."""
+    from perfmodel.static import add_if, branch
+
+    def refuse():
+        raise AssertionError("evaluated a branch no element takes")
+
+    total = jnp.asarray([1.0, 2.0])
+    assert add_if(np.asarray([False, False]), total, refuse) is total
+    np.testing.assert_array_equal(add_if(np.asarray([True, True]), total, lambda: 0.5),
+                                  [1.5, 2.5])
+    np.testing.assert_array_equal(add_if(np.asarray([True, False]), total, lambda: 0.5),
+                                  [1.5, 2.0])
+    assert branch(jnp.asarray([True, True]), lambda: 3.0, refuse) == 3.0
+    assert branch(jnp.asarray([False, False]), refuse, lambda: 4.0) == 4.0
+    np.testing.assert_array_equal(branch(np.asarray([True, False]), lambda: 3.0, lambda: 4.0),
+                                  [3.0, 4.0])
+    traced = jax.jit(lambda c: add_if(c, total, lambda: 0.5))
+    np.testing.assert_array_equal(traced(jnp.asarray([False, False])), total)
+    np.testing.assert_array_equal(traced(jnp.asarray([True, True])), [1.5, 2.5])

@@ -176,3 +176,41 @@ def test_cli_interval_columns_bracket_the_predictions(small, tmp_path):
     width = [float(r["pred_tpot_s_hi"]) / float(r["pred_tpot_s_lo"]) for r in rows[:4]]
     assert width[0] < width[3]
     assert cli.main(["predict", str(small), "--interval", "1.5"]) == 2
+
+
+def test_one_eager_evaluation_per_model_chip_and_precision(monkeypatch):
+    """`predict_rows` evaluates the rows of one model, chip and precision together, their
+    layouts (disaggregated pools too) as per-row numbers: one evaluation for several
+    layouts, with the numbers of each row evaluated on its own static layout."""
+    import numpy as np
+
+    from perfmodel import fitted
+    from perfmodel.calibration import data
+    from perfmodel.calibration import predict as module
+    from perfmodel.calibration.params import from_json
+    from perfmodel.datasets import load_benchmarks
+
+    rows = [r for r in load_benchmarks(str(DATA)) if r.hardware == "gb200" and r.disaggregated
+            and r.model == "DeepSeek-R1" and r.precision == "fp8"][:24]
+    rows += [r for r in load_benchmarks(str(DATA)) if r.hardware == "b200"
+             and r.model == "gpt-oss-120b"][:24]
+    groups, errors = data.build_groups(rows)
+    assert not errors and len(groups) >= 4       # several layouts of each model and chip
+    calls = []
+    monkeypatch.setattr(module, "row_metrics",
+                        lambda *a, **k: calls.append(1) or cal.row_metrics(*a, **k))
+    out = module.predict_rows(rows)
+    assert len(calls) == 2
+    params = from_json(fitted.read(fitted.LATENCY_FILE))
+    position = {r.index: k for k, r in enumerate(rows)}
+    for g in groups:
+        raw = params.family_raw[params.families.index(g.family)]
+        chip = fitted.apply(g.chip, latency={})
+        want = cal.row_metrics(g.model, chip, g.design, raw,
+                               data.framework_rows(g.rows, params),
+                               **data.row_inputs(g.rows)).to_row("pred_")
+        for j, row in enumerate(g.rows):
+            got = out[position[row.index]]
+            for key in module.PREDICTION_KEYS:
+                expected = np.broadcast_to(want[key], (len(g.rows),))[j]
+                assert got[key] == pytest.approx(float(expected), rel=1e-12), key

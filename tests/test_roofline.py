@@ -565,3 +565,20 @@ def test_placement_columns_set_to_zero_leave_no_division():
         return step.lower(np.linspace(1.0, 64.0, 100)).compile().as_text().count(" divide(")
 
     assert divisions("interleaved") < divisions("partitioned")
+
+
+def test_a_compute_mix_known_while_tracing_adds_only_its_classes():
+    """`_mix` of a closed-over (concrete) compute mix: a one-class mix is that class's
+    column (a slice, no products, no sums: eagerly 2 operations where the unrolled sum of
+    the four classes was 23), a two-class mix two columns, two products and one add; the
+    numbers equal the traced mix's."""
+    import jax
+    import jax.numpy as jnp
+
+    per_class = jnp.asarray([[1.5, 2.5, 3.5, 4.5], [0.5, 0.25, 8.0, 16.0]])
+    for weights, most in (([0.0, 0.0, 1.0, 0.0], 2), ([0.25, 0.0, 0.75, 0.0], 7)):
+        mix = np.asarray(weights)
+        jaxpr = jax.make_jaxpr(lambda p, mix=mix: roofline._mix(mix, p))(per_class)
+        assert len(jaxpr.eqns) <= most, jaxpr
+        traced = jax.jit(roofline._mix)(jnp.asarray(mix), per_class)
+        np.testing.assert_array_equal(roofline._mix(mix, per_class), traced)

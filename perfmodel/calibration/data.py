@@ -2,11 +2,13 @@
 of groups that one vmapped function can evaluate together.
 
 Parallel layouts are static in the model (`design.Layout`: one compiled program per
-layout), but an aggregated layout can also be given as numbers (`design.LayoutNumbers`),
-which the model evaluates with the same results. So the aggregated rows of one model, chip
-and precision form one `Batch` with a layout per row; a disaggregated layout stays static
-(`design.Disaggregated` takes static pools only) and its rows form a batch of their own.
-On the shipped InferenceMAX table that is 45 batches for 58 static structures.
+layout), but a layout can also be given as numbers (`design.LayoutNumbers`, and
+`Disaggregated` of two of them), which the model evaluates with the same results. So the
+aggregated rows of one model, chip and precision form one `Batch` with a layout per row; for
+the fit a disaggregated layout stays static and its rows form a batch of their own (on the
+shipped InferenceMAX table 46 batches for 59 static structures), while an eager evaluation
+(`predict_rows`) merges the disaggregated rows of one model, chip and precision too
+(`batches(..., disaggregated_numbers=True)`: 14 batches).
 """
 
 from __future__ import annotations
@@ -232,27 +234,38 @@ class Batch(eqx.Module):
                      frameworks=self.frameworks + self.frameworks[-1:] * extra)
 
 
-def _stack(layouts: Sequence[LayoutNumbers]) -> LayoutNumbers:
-    return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *layouts)
+def _stack(layouts: Sequence, counts: Sequence[int]):
+    """Each layout (as numbers) repeated for its `counts` rows, stacked on a leading axis
+    (in NumPy, then `device_put`: a device array per row costs seconds on a large table,
+    and `jnp.asarray` of a NumPy array compiles a copy per shape)."""
+    return jax.tree_util.tree_map(
+        lambda *leaves: jax.device_put(np.repeat(np.stack([np.asarray(v) for v in leaves]),
+                                                 counts, axis=0)), *layouts)
 
 
-def batches(groups: Sequence[Group]) -> list[Batch]:
+def batches(groups: Sequence[Group], disaggregated_numbers: bool = False) -> list[Batch]:
     """The groups as batches: aggregated groups of one model, chip and precision merged
-    (their layouts as per-row numbers), each disaggregated group alone."""
+    (their layouts as per-row numbers), each disaggregated group alone, or with
+    `disaggregated_numbers` the disaggregated groups of one model, chip and precision
+    merged too (per-row `Disaggregated` of `LayoutNumbers` pools: fewer, larger batches,
+    each a larger program; what an eager evaluation wants, where the time is the number of
+    operations, not their size)."""
     keyed: dict[tuple, list[Group]] = {}
     for g in groups:
         row = g.rows[0]
-        key = (row.model, row.hardware, row.precision, row.kv,
-               g.design.layout if g.design.disaggregated else None)
+        disaggregated = g.design.disaggregated
+        key = (row.model, row.hardware, row.precision, row.kv, disaggregated,
+               g.design.layout if disaggregated and not disaggregated_numbers else None)
         keyed.setdefault(key, []).append(g)
     out = []
     for members in keyed.values():
         first = members[0]
         rows = tuple(r for g in members for r in g.rows)
         layouts = None
-        if not first.design.disaggregated:
-            layouts = _stack([g.design.layout.numbers() for g in members for _ in g.rows])
-        inputs = {k: jnp.asarray(v) for k, v in row_inputs(rows).items()}
+        if not first.design.disaggregated or disaggregated_numbers:
+            layouts = _stack([g.design.layout.numbers() for g in members],
+                             [len(g.rows) for g in members])
+        inputs = {k: jax.device_put(v) for k, v in row_inputs(rows).items()}
         out.append(Batch(model=first.model, chip=first.chip, design=first.design,
                          layouts=layouts, inputs=inputs, family=first.family,
                          indices=tuple(r.index for r in rows),

@@ -6,9 +6,13 @@ prior energies (the power fit is fitted after it, on its parameters); the power 
 latency depend slightly on the energies: on the InferenceMAX table the fitted power moves
 throughput by a median 2e-7 and at most 4 % (rows near TDP), median APE by under 0.1 point.
 
-Eager evaluation, one group of rows of one static structure at a time, padded to `BATCH`
-rows: every group runs the same eager operations on the same shapes, so nothing compiles
-per layout and a whole table takes seconds.
+Eager evaluation, one batch of rows at a time (`data.batches(..., disaggregated_numbers=True)`:
+the rows of one model, chip and precision, their layouts, disaggregated pools too, as
+per-row numbers), padded to `BATCH` rows. Eagerly the time is the number of operations and
+of distinct ones (each compiles once a process, about 35 ms on 2 cores), not their size: so
+few, wide evaluations on one shape, conditions on the layouts decided in Python where every
+row agrees (`static.add_if`), and row inputs sliced in NumPy (a device-side slice compiles
+per shape). The shipped InferenceMAX table is 14 evaluations.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,8 +38,9 @@ PREDICTION_KEYS = tuple("pred_" + key for key in (
     "interactivity", "p99_ttft_s", "p99_tpot_s", "power_w_modelled", "j_per_output_token"))
 #: The prediction columns whose intervals come from the power fit (`add_power_bounds`).
 POWER_INTERVAL_KEYS = ("pred_power_w_modelled", "pred_j_per_output_token")
-#: Rows every eager evaluation is padded to (fixed shapes: eager ops compile once).
-BATCH = 64
+#: Rows every eager evaluation is padded to (one shape: each eager operation compiles once;
+#: the largest batch of the shipped table, 340 rows, is one evaluation).
+BATCH = 512
 
 
 def _padded(rows: Sequence[BenchRow], start: int) -> list:
@@ -179,62 +185,78 @@ def _evaluate(rows, params, fallback, measured, power, jacobian: bool) -> list[d
     for index, message in errors.items():
         out[position[index]] = {key: None for key in PREDICTION_KEYS} | {
             "pred_basis": "", "pred_error": message} | empty
-    for g in groups:
-        family, basis = resolve_family(g.family, params, fallback)
-        if family == g.family and measured is not None and g.chip.name not in measured:
-            basis = f"specs+fitted:{family} ({g.chip.name} not measured)"
-        raw = (params.family_raw[params.families.index(family)] if family else
-               jnp.asarray(prior_row(FAMILY_FIELDS)))
+    # One batch per model, chip and precision (layouts as per-row numbers, disaggregated
+    # ones too): eager time is the number of operations, so fewer, larger evaluations.
+    work = []
+    for b in data.batches(groups, disaggregated_numbers=True):
+        family, basis = resolve_family(b.family, params, fallback)
+        if family == b.family and measured is not None and b.chip.name not in measured:
+            basis = f"specs+fitted:{family} ({b.chip.name} not measured)"
+        raw = np.asarray(params.family_raw[params.families.index(family)] if family else
+                         prior_row(FAMILY_FIELDS))
         # Latency terms come from `raw`; only the power fit's terms are applied here.
-        chip = fitted.apply(g.chip, latency={}, power=power)
-        for start in range(0, len(g.rows), BATCH):
-            chunk = _padded(g.rows, start)
-            x = {k: jnp.asarray(v) for k, v in data.row_inputs(chunk).items()}
-            fw = jnp.asarray(data.framework_rows(chunk, params))
+        chip = fitted.apply(b.chip, latency={}, power=power)
+        members = [rows[position[i]] for i in b.indices]
+        work += [(b, basis, raw, chip, members, start) for start in range(0, b.size, BATCH)]
+    for w in work:
+        for row, entry in _chunk(*w, params, jacobian):
+            out[position[row.index]] = entry
+    return out
 
-            def metrics(delta, chip=chip, g=g, raw=raw, fw=fw, x=x):
-                # delta: one tangent for the family row and one for every row's framework
-                # row; each row depends on its own framework row only, so the Jacobian in
-                # delta is every row's Jacobian in its own family and framework
-                # parameters.
-                m = row_metrics(g.model, chip, g.design, raw + delta[:len(FAMILY_FIELDS)],
-                                fw + delta[None, len(FAMILY_FIELDS):], **x)
-                row_values = m.to_row("pred_")
-                logs = {k: jnp.log(jnp.broadcast_to(row_values[k], (BATCH,)))
-                        for k in INTERVAL_KEYS}
-                return logs, (row_values, m.memory_excess)
 
-            delta = jnp.zeros(len(FAMILY_FIELDS) + fw.shape[1])
-            if jacobian:
-                jac, (row_values, excess) = jax.jacfwd(metrics, has_aux=True)(delta)
-                logs = {k: np.log(np.broadcast_to(np.asarray(row_values[k]), (BATCH,)))
-                        for k in INTERVAL_KEYS}
-            else:
-                _, (row_values, excess) = metrics(delta)
-            values = {k: np.broadcast_to(np.asarray(row_values[k]), (BATCH,))
-                      for k in PREDICTION_KEYS}
-            excess = np.broadcast_to(np.asarray(excess), (BATCH,))
-            for j, row in enumerate(g.rows[start:start + BATCH]):
-                entry = {k: float(v[j]) for k, v in values.items()}
-                bad = [k for k, v in entry.items() if not math.isfinite(v)]
-                entry["pred_basis"] = basis
-                entry["pred_error"] = ""
-                if bad:
-                    entry = {k: None for k in PREDICTION_KEYS} | {
-                        "pred_basis": basis,
-                        "pred_error": f"non-finite prediction ({', '.join(bad)})"}
-                elif excess[j] > 0:
-                    # Metrics of a deployment that cannot hold one request are no prediction.
-                    entry = {k: None for k in PREDICTION_KEYS} | {
-                        "pred_basis": basis,
-                        "pred_error": f"does not fit: weights + reserve + one sequence need "
-                                      f"{1.0 + excess[j]:.2f}x the usable HBM per chip "
-                                      "(memory_fraction x capacity)"}
-                entry.update(pred_model=g.model.name, pred_chip=g.chip.name)
-                if jacobian:
-                    entry.update(log={k: float(v[j]) for k, v in logs.items()},
-                                 jacobian={k: np.asarray(v[j]) for k, v in jac.items()},
-                                 family=g.family, framework=row.framework,
-                                 tdp=float(chip.tdp))
-                out[position[row.index]] = entry
+def _chunk(b: data.Batch, basis: str, raw: np.ndarray, chip, members: list, start: int,
+           params: Params, jacobian: bool) -> list[tuple]:
+    """(row, entry) of the rows `start:start + BATCH` of batch `b` (padded to `BATCH`)."""
+    chunk = _padded(members, start)
+    # Sliced in NumPy and placed with `device_put`: a slice on the device, or `jnp.asarray`
+    # of a NumPy array, compiles once per shape.
+    take = np.minimum(np.arange(start, start + BATCH), b.size - 1)
+    x = jax.device_put(data.row_inputs(chunk))
+    layouts = jax.tree_util.tree_map(lambda a: np.asarray(a)[take], b.layouts)
+    fw = jax.device_put(data.framework_rows(chunk, params))
+    design = eqx.tree_at(lambda d: d.layout, b.design, layouts)
+    nf = len(FAMILY_FIELDS)
+
+    def metrics(delta):
+        # delta: one tangent for the family row and one for every row's framework row;
+        # each row depends on its own framework row only, so the Jacobian in delta is
+        # every row's Jacobian in its own family and framework parameters. The per-row
+        # layouts broadcast with the per-row inputs (no vmap: eagerly, a batched operation
+        # costs several plain ones).
+        m = row_metrics(b.model, chip, design, raw + delta[:nf], fw + delta[None, nf:], **x)
+        row_values = m.to_row("pred_")
+        logs = {k: jnp.log(jnp.broadcast_to(row_values[k], (BATCH,))) for k in INTERVAL_KEYS}
+        return logs, (row_values, m.memory_excess)
+
+    if jacobian:
+        delta = jax.device_put(np.zeros(nf + fw.shape[1]))
+        jac, (row_values, excess) = jax.jacfwd(metrics, has_aux=True)(delta)
+        logs = {k: np.log(np.broadcast_to(np.asarray(row_values[k]), (BATCH,)))
+                for k in INTERVAL_KEYS}
+    else:
+        _, (row_values, excess) = metrics(np.zeros(nf + fw.shape[1]))
+    values = {k: np.broadcast_to(np.asarray(row_values[k]), (BATCH,)) for k in PREDICTION_KEYS}
+    excess = np.broadcast_to(np.asarray(excess), (BATCH,))
+    out = []
+    for j, row in enumerate(members[start:start + BATCH]):
+        entry = {k: float(v[j]) for k, v in values.items()}
+        bad = [k for k, v in entry.items() if not math.isfinite(v)]
+        entry["pred_basis"] = basis
+        entry["pred_error"] = ""
+        if bad:
+            entry = {k: None for k in PREDICTION_KEYS} | {
+                "pred_basis": basis, "pred_error": f"non-finite prediction ({', '.join(bad)})"}
+        elif excess[j] > 0:
+            # Metrics of a deployment that cannot hold one request are no prediction.
+            entry = {k: None for k in PREDICTION_KEYS} | {
+                "pred_basis": basis,
+                "pred_error": f"does not fit: weights + reserve + one sequence need "
+                              f"{1.0 + excess[j]:.2f}x the usable HBM per chip "
+                              "(memory_fraction x capacity)"}
+        entry.update(pred_model=b.model.name, pred_chip=b.chip.name)
+        if jacobian:
+            entry.update(log={k: float(v[j]) for k, v in logs.items()},
+                         jacobian={k: np.asarray(v[j]) for k, v in jac.items()},
+                         family=b.family, framework=row.framework, tdp=float(chip.tdp))
+        out.append((row, entry))
     return out
