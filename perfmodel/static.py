@@ -118,7 +118,7 @@ def _decided(condition) -> bool | None:
 
 def add_if(condition, total, increment):
     """`total + increment()` where `condition` holds, else `total` (not evaluated when
-    `condition` is False, as a Python bool or known while tracing to be everywhere)."""
+    `condition` is a Python False or known while tracing to be False everywhere)."""
     if is_static(condition):
         return total + increment() if condition else total
     decided = _decided(condition)

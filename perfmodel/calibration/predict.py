@@ -187,7 +187,6 @@ def _evaluate(rows, params, fallback, measured, power, jacobian: bool) -> list[d
             "pred_basis": "", "pred_error": message} | empty
     # One batch per model, chip and precision (layouts as per-row numbers, disaggregated
     # ones too): eager time is the number of operations, so fewer, larger evaluations.
-    work = []
     for b in data.batches(groups, disaggregated_numbers=True):
         family, basis = resolve_family(b.family, params, fallback)
         if family == b.family and measured is not None and b.chip.name not in measured:
@@ -197,10 +196,9 @@ def _evaluate(rows, params, fallback, measured, power, jacobian: bool) -> list[d
         # Latency terms come from `raw`; only the power fit's terms are applied here.
         chip = fitted.apply(b.chip, latency={}, power=power)
         members = [rows[position[i]] for i in b.indices]
-        work += [(b, basis, raw, chip, members, start) for start in range(0, b.size, BATCH)]
-    for w in work:
-        for row, entry in _chunk(*w, params, jacobian):
-            out[position[row.index]] = entry
+        for start in range(0, b.size, BATCH):
+            for row, entry in _chunk(b, basis, raw, chip, members, start, params, jacobian):
+                out[position[row.index]] = entry
     return out
 
 
