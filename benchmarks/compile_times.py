@@ -1,15 +1,16 @@
 """Compile time of each public entry point: a fresh process, twice, on one fresh cache.
 
     python benchmarks/compile_times.py [predict compare predict-inferencemax predict-power
-                                        pareto optimize simulate]   # one JSON object
+                                        predict-mlperf pareto optimize simulate]   # one JSON
 
 Each entry point runs in a new process against an empty persistent compilation cache
 (`PERFMODEL_CACHE_DIR`, a temporary folder), then again in another process on that cache.
 `first_s` is the cold wall time, `second_s` the warm one, `compile_s` their difference
 (what compiling costs beyond loading the cached kernels). `predict` is `pm.predict_jit`
 called from Python (its first call minus its second, in one process, no cache); the others
-are the commands with the arguments below (`predict-inferencemax` and `predict-power`:
-`perfmodel predict` of every shipped InferenceMAX row and power measurement).
+are the commands with the arguments below (`predict-inferencemax`, `predict-power` and
+`predict-mlperf`: `perfmodel predict` of every shipped InferenceMAX row, power measurement
+and MLPerf result).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ COMMANDS = {
     "predict-power": [EXE, "predict", str(ROOT / "calibration" / "power" /
                                           "power_measurements.csv"),
                       "--out", os.devnull, "--quiet"],
+    "predict-mlperf": [EXE, "predict", str(ROOT / "calibration" / "data" /
+                                           "benchmarks_mlperf.csv"),
+                       "--out", os.devnull, "--quiet"],
     "pareto": [EXE, "pareto"],
     "optimize": [EXE, "optimize"],
     "simulate": [EXE, "simulate", "--model", "deepseek-r1", "--chip", "gb200", "--tp", "8",

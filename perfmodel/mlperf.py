@@ -44,11 +44,12 @@ import re
 from importlib import resources
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import fitted
-from .design import Design, SliceMapping, SpecDecode, precision
+from .design import Design, LayoutNumbers, SliceMapping, SpecDecode, precision
 from .presets import chip_key, get_chip, get_model
 from .serving import predict
 from .sweep import batch_that_fits, candidate_layouts
@@ -257,6 +258,10 @@ def fixed_lengths(input_len: float, output_len: float, output_cv2: float = 0.0) 
                     first_wave_fraction=1e-6, output_cv2=output_cv2)
 
 
+#: Layouts of one structure evaluated together are padded to a multiple of this many.
+LAYOUT_ROWS = 16
+
+
 def batch_grid(fit: float) -> np.ndarray:
     """Per-instance concurrencies to evaluate: `GRID` up to the batch that fits, which is
     always the last point (at least 1)."""
@@ -268,13 +273,13 @@ def batch_grid(fit: float) -> np.ndarray:
 
 def over_concurrency(model, chip, workload, design, concurrency):
     """`serving.predict` (hard roofline, no input checks, unfit points as values) of
-    `design` at each per-instance concurrency of the 1-D array `concurrency`, vmapped: the
-    `Metrics` with a leading concurrency axis."""
-    def one(c):
-        d = eqx.tree_at(lambda x: x.concurrency, design, c)
-        return predict(model, chip, workload, d, hard=True, check=False, unfit="value")
-
-    return eqx.filter_vmap(one)(concurrency)
+    `design` at each per-instance concurrency of the 1-D array `concurrency`: the
+    `Metrics`, each field broadcast against `concurrency` (a field that does not depend on
+    it may stay a scalar). The array goes through the formulas as it is (elementwise, the
+    numbers of one call per concurrency): evaluated eagerly, a `vmap` would cost several
+    dispatches per operation."""
+    d = eqx.tree_at(lambda x: x.concurrency, design, jnp.asarray(concurrency, dtype=float))
+    return predict(model, chip, workload, d, hard=True, check=False, unfit="value")
 
 
 def configurations(spec: RowSpec) -> Configurations:
@@ -314,28 +319,43 @@ def _configurations(structure: tuple) -> Configurations:
     specs = [SpecDecode()] + ([SpecDecode(draft_tokens=k, acceptance=MTP_ACCEPTANCE)
                                for k in DRAFT_TOKENS] if spec.speculative else [])
     layouts = candidate_layouts(model, chip, spec.domain, workload, prec, runtime)
+    singles = [dataclasses.replace(layout, replicas=1) for layout in layouts]
+    fit = np.asarray([batch_that_fits(model, chip, prec, runtime, layout,
+                                      float(runtime.kv_context(workload)))
+                      for layout in layouts])
+    grids = np.stack([batch_grid(f) for f in fit]) if layouts else np.zeros((0, len(GRID)))
+    # Every layout at once: the layouts as numbers, one per row of `grids` (eagerly, one
+    # evaluation per speculative setting instead of one per layout; the same numbers),
+    # padded with copies of the last to a multiple of `LAYOUT_ROWS` rows (each eager
+    # operation compiles once per shape).
+    pad = [len(layouts) - 1] * (-len(layouts) % LAYOUT_ROWS)
+    rows = list(range(len(layouts))) + pad
+    numbers = LayoutNumbers(**{key: np.asarray([[getattr(singles[i], key)] for i in rows])
+                               for key in ("tp", "ep", "pp", "replicas", "dp_attention")})
+    results = {}
+    for j, sd in enumerate(specs if layouts else ()):
+        design = Design(concurrency=1.0, layout=numbers, precision=prec, runtime=runtime,
+                        mapping=SliceMapping(), speculative=sd)
+        m = over_concurrency(model, chip, workload, design, grids[rows])
+        m = jax.tree_util.tree_map(lambda v: np.asarray(v)[:len(layouts)]
+                                   if np.ndim(v) else np.asarray(v), m)
+        out = np.broadcast_to(np.asarray(m.output_throughput_per_chip), grids.shape)
+        values = {"output_tput_per_chip": out,
+                  "rate": out * np.asarray([x.chips for x in singles])[:, None]
+                  / spec.output_len,
+                  "ttft": np.asarray(m.ttft), "p99_ttft": np.asarray(m.p99_ttft),
+                  "tpot": np.asarray(m.tpot), "p99_tpot": np.asarray(m.p99_tpot)}
+        fits = np.asarray(m.fits) & (grids <= fit[:, None] * (1.0 + 1e-9))
+        results[j] = {k: np.where(fits, np.broadcast_to(v, grids.shape), np.nan)
+                      for k, v in values.items()}
     labels, chips, conc, parts = [], [], [], []
-    for layout in layouts:
-        single = dataclasses.replace(layout, replicas=1)
-        fit = batch_that_fits(model, chip, prec, runtime, layout,
-                               float(runtime.kv_context(workload)))
-        grid = batch_grid(fit)
-        for sd in specs:
-            design = Design(concurrency=1.0, layout=single, precision=prec, runtime=runtime,
-                            mapping=SliceMapping(), speculative=sd)
-            m = over_concurrency(model, chip, workload, design, jnp.asarray(grid))
-            fits = np.asarray(m.fits) & (grid <= fit * (1.0 + 1e-9))
-            out = np.asarray(m.output_throughput_per_chip)
-            values = {"output_tput_per_chip": out,
-                      "rate": out * single.chips / spec.output_len,
-                      "ttft": np.asarray(m.ttft), "p99_ttft": np.asarray(m.p99_ttft),
-                      "tpot": np.asarray(m.tpot), "p99_tpot": np.asarray(m.p99_tpot)}
-            parts.append({k: np.where(fits, np.broadcast_to(v, grid.shape), np.nan)
-                          for k, v in values.items()})
+    for i, (layout, single) in enumerate(zip(layouts, singles, strict=True)):
+        for j, sd in enumerate(specs):
+            parts.append({k: v[i] for k, v in results[j].items()})
             draft = float(sd.draft_tokens)
             labels.append(layout.describe() + (f"+mtp{draft:g}" if draft else ""))
             chips.append(single.chips)
-            conc.append(grid)
+            conc.append(grids[i])
     if not parts:
         raise ValueError(f"{spec.model} ({spec.weights}) does not fit in {spec.domain} "
                          f"{spec.chip} chip(s) at {spec.input_len:g} input tokens")

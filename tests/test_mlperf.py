@@ -176,3 +176,45 @@ def test_length_biased_context_costs_throughput_and_batch():
     assert fits[1] < 0.6 * fits[0]
     with pytest.raises(ValueError, match="output_cv2"):
         Workload(800.0, 3886.0, output_cv2=jnp.asarray(-0.1))
+
+
+def test_every_layout_of_a_structure_in_one_evaluation(monkeypatch):
+    """`configurations` evaluates all candidate layouts of a structure together (layouts
+    as numbers, padded to `LAYOUT_ROWS`): one `over_concurrency` call per speculative
+    setting, each layout's numbers those of its own static-layout evaluation."""
+    import dataclasses
+
+    import numpy as np
+
+    from perfmodel import fitted
+    from perfmodel.design import Design, Layout, SliceMapping, precision
+    from perfmodel.presets import get_chip, get_model
+
+    spec = mlperf.interpret(row(accel_per_node="8", total_accelerators="8",
+                                software="TensorRT-LLM 1.0"))
+    calls = []
+    real = mlperf.over_concurrency
+    monkeypatch.setattr(mlperf, "over_concurrency",
+                        lambda *a: calls.append(a[-1].shape) or real(*a))
+    mlperf._configurations.cache_clear()
+    configs = mlperf.configurations(spec)
+    mlperf._configurations.cache_clear()
+    assert len(calls) == 1
+    assert calls[0][0] % mlperf.LAYOUT_ROWS == 0
+    assert len(configs.labels) >= 3             # several tensor-parallel degrees
+    model, chip = get_model(spec.model), get_chip(spec.chip)
+    kv = "fp8" if "fp8" in chip.native_classes else None
+    prec = precision(chip, model, spec.weights, kv=kv)
+    runtime = fitted.runtime_for(spec.framework, reserve_output=0.0)
+    workload = mlperf.fixed_lengths(spec.input_len, spec.output_len, spec.output_cv2)
+    for i, label in enumerate(configs.labels):
+        layout = dataclasses.replace(Layout.parse(label), replicas=1)
+        design = Design(concurrency=1.0, layout=layout, precision=prec, runtime=runtime,
+                        mapping=SliceMapping())
+        m = real(model, chip, workload, design, np.asarray(configs.concurrency[i]))
+        want = np.broadcast_to(np.asarray(m.output_throughput_per_chip),
+                               configs.concurrency[i].shape)
+        got = configs.values["output_tput_per_chip"][i]
+        ok = np.isfinite(got)
+        assert ok.any()
+        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-12)
