@@ -59,7 +59,7 @@ import numpy as np
 
 from .checks import FRACTION, NON_NEGATIVE, POSITIVE, as_number, check
 from .smooth import smooth_min
-from .static import ceil, concrete, is_static, maximum
+from .static import branch, ceil, concrete, is_static, maximum
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -313,17 +313,15 @@ def collective_time(kind: str, message_bytes, n, scale_up: AbstractInterconnect,
     domain_size = max(int(domain_size), 1)
     if not is_static(n):
         n = _array(n)
-        sizes = concrete(n)
-        if sizes is not None and np.all(sizes <= domain_size):
-            # Every group known while tracing to fit in the domain (an eager evaluation of
-            # many layouts): the scale-out tier does not enter.
-            return scale_up.time(kind, message_bytes, n)
-        within = scale_up.time(kind, message_bytes, jnp.minimum(n, domain_size))
-        # Evaluated on a group past the domain (masked where n fits in it): the all-to-all
-        # share below divides by n - 1.
-        across = _hierarchical(kind, message_bytes, jnp.maximum(n, domain_size + 1.0),
-                               scale_up, scale_out, domain_size)
-        return jnp.where(n <= domain_size, within, across)
+        # Where every group is known while tracing to fit in the domain, or none to
+        # (an eager evaluation of many layouts), `branch` prices one tier only; the
+        # group past the domain is evaluated on n >= domain + 1 (masked where n fits in
+        # it): the all-to-all share below divides by n - 1.
+        return branch(
+            n <= domain_size,
+            lambda: scale_up.time(kind, message_bytes, jnp.minimum(n, domain_size)),
+            lambda: _hierarchical(kind, message_bytes, jnp.maximum(n, domain_size + 1.0),
+                                  scale_up, scale_out, domain_size))
     n = int(n)
     if n <= domain_size:
         return scale_up.time(kind, message_bytes, n)

@@ -43,11 +43,6 @@ POWER_INTERVAL_KEYS = ("pred_power_w_modelled", "pred_j_per_output_token")
 BATCH = 512
 
 
-def _padded(rows: Sequence[BenchRow], start: int) -> list:
-    chunk = list(rows[start:start + BATCH])
-    return chunk + [chunk[-1]] * (BATCH - len(chunk))
-
-
 def predict_rows(rows: Sequence[BenchRow], params: Params | None = None,
                  fallback: dict | None = None,
                  measured: Sequence[str] | None = None,
@@ -205,10 +200,10 @@ def _evaluate(rows, params, fallback, measured, power, jacobian: bool) -> list[d
 def _chunk(b: data.Batch, basis: str, raw: np.ndarray, chip, members: list, start: int,
            params: Params, jacobian: bool) -> list[tuple]:
     """(row, entry) of the rows `start:start + BATCH` of batch `b` (padded to `BATCH`)."""
-    chunk = _padded(members, start)
-    # Sliced in NumPy and placed with `device_put`: a slice on the device, or `jnp.asarray`
-    # of a NumPy array, compiles once per shape.
+    # Padded with copies of the last row; sliced in NumPy and placed with `device_put`: a
+    # slice on the device, or `jnp.asarray` of a NumPy array, compiles once per shape.
     take = np.minimum(np.arange(start, start + BATCH), b.size - 1)
+    chunk = [members[i] for i in take]
     x = jax.device_put(data.row_inputs(chunk))
     layouts = jax.tree_util.tree_map(lambda a: np.asarray(a)[take], b.layouts)
     fw = jax.device_put(data.framework_rows(chunk, params))
