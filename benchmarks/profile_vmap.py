@@ -64,8 +64,10 @@ def trace(batched, cfg, calls: int = 10, top: int = 12) -> list[dict]:
 def structure(batched, cfg, *specs) -> dict:
     """What XLA compiles `batched` into for the configurations `cfg` (and any further
     arguments `specs`): its own estimate of FLOPs and bytes of memory traffic per
-    configuration (`cost_analysis`), its fusions, how many of them are YNNPACK's, and its
-    power operations (an exp of a log on XLA:CPU, about four times a square root)
+    configuration (`cost_analysis`), its fusions, how many of them are YNNPACK's, its
+    power operations (an exp of a log on XLA:CPU, about four times a square root) and its
+    divisions (elementwise, each an operation over the batch; on XLA:CPU a float64 division
+    costs several times a multiplication, and they are most of the step fusions' cycles)
     (`tests/test_kernel_structure.py` bounds these)."""
     n = len(next(iter(cfg.values())))
     compiled = batched.lower(cfg, *specs).compile()
@@ -77,7 +79,7 @@ def structure(batched, cfg, *specs) -> dict:
     return dict(xla_flops_per_config=float(cost.get("flops", float("nan"))) / n,
                 xla_bytes_per_config=float(cost.get("bytes accessed", float("nan"))) / n,
                 fusions=text.count(" fusion("), ynn_fusions=text.count("__ynn_fusion"),
-                powers=text.count(" power("))
+                powers=text.count(" power("), divisions=text.count(" divide("))
 
 
 def grads(n: int, repeats: int) -> dict:

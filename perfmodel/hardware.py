@@ -137,6 +137,23 @@ class Efficiency(eqx.Module):
         rows = jnp.maximum(_array(rows), 0.0)
         return self.compute_max * rows / (rows + self.compute_rows_half)
 
+    def inverse_compute_fraction(self, rows, floor: float = 1e-6):
+        """1 / max(`compute_fraction`(rows), floor) in one division (dimensionless, at
+        most 1 / floor): (r + h) / (compute_max r) with the rows held at or above r_0 =
+        floor h / (compute_max - floor), where the fraction reaches the floor (the fraction
+        grows with the rows, so clamping the rows there is the floor's max). The operators
+        of a step divided twice each, a fraction and its inverse, and divisions are what
+        the step's fusions spend most of their cycles on under a wide `vmap` on XLA:CPU
+        (`benchmarks/profile_vmap.py`). No row count makes a zero denominator, so the
+        gradient is finite everywhere: zero below r_0, as the max's was."""
+        rows = _array(rows)
+        half, top = self.compute_rows_half, self.compute_max
+        # A fraction at or below the floor everywhere (compute_max <= floor) reads the
+        # floor: the clamp stays positive, the min below applies it.
+        start = floor * half / jnp.maximum(top - floor, floor)
+        rows = jnp.maximum(rows, start)
+        return jnp.minimum((rows + half) / (top * rows), 1.0 / floor)
+
 
 class EnergyCoefficients(eqx.Module):
     """Dynamic energy per unit of work; idle power lives on the `Chip`.

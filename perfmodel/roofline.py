@@ -387,6 +387,11 @@ def attention_kernels(model: Model, chip: Chip) -> Chip:
                                   c.efficiency.prefill_attention_max), chip, (full, full))
 
 
+#: The least fraction of peak FLOP/s an operator is charged at (dimensionless): a matmul of
+#: no rows costs at most 1e6 times its FLOPs at peak, never a division by zero.
+_FRACTION_FLOOR = 1e-6
+
+
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
                    decode_seqs_per_chip, sharpness, hard, peak=None, inverse_peak=None):
     """`operator_time` with the operator's kind given as data, `attention` (an
@@ -398,13 +403,15 @@ def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Desi
     eff = chip.efficiency
     if inverse_peak is None:
         inverse_peak = 1.0 / (_peak(op, chip) if peak is None else peak)
-    # Attention kernels reach their own ceiling; matmuls a fraction set by their rows.
-    fraction = jnp.where(attention == 1, eff.attention_max,
-                         jnp.where(attention == 2, eff.prefill_attention_max,
-                                   eff.compute_fraction(op.rows)))
+    # Attention kernels reach their own ceiling; matmuls a fraction set by their rows, its
+    # inverse in one division (`Efficiency.inverse_compute_fraction`).
+    inverse_fraction = jnp.where(
+        attention == 1, 1.0 / jnp.maximum(eff.attention_max, _FRACTION_FLOOR),
+        jnp.where(attention == 2, 1.0 / jnp.maximum(eff.prefill_attention_max, _FRACTION_FLOOR),
+                  eff.inverse_compute_fraction(op.rows, _FRACTION_FLOOR)))
     # The inverse peak is shared by the operators of one compute class (XLA computes it
     # once); the inverse fraction folds to a constant for attention kernels.
-    compute = op.flops * inverse_peak * (1.0 / jnp.maximum(fraction, 1e-6))
+    compute = op.flops * inverse_peak * inverse_fraction
     # Slice mapping: interleaved reads cross the fabric; partitioned KV idles slices when
     # fewer sequences than slices run; partitioned weights reduce partial sums across slices.
     slices = chip.num_slices
@@ -484,14 +491,17 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     # Each class's peak under the format ceiling, once for all of the step's operators.
     class_peaks = chip.efficiency.class_peaks(chip.peak_flops)
     # Routed experts run at the runtime's expert efficiency; every kernel (collectives
-    # included) at its kernel efficiency.
+    # included) at its kernel efficiency: multiplications by their inverses, formed once
+    # (where the runtime is an argument of a kernel, as in `perfmodel sweep`'s, a division
+    # by it is a division per operator and per configuration).
+    inverse_kernel = 1.0 / runtime.kernel_efficiency
+    inverse_expert = inverse_kernel / runtime.expert_efficiency
     if vectorize:
         # Every operator through one copy of the formulas, vectorized over the operators.
         def one(op, attention, experts, weight_map, peak, per_flop):
             t, _ = _operator_time(op, attention, weight_map, chip, design, seqs_per_chip,
                                   sharpness, hard, peak)
-            t = t / jnp.where(experts, runtime.expert_efficiency, 1.0) \
-                / runtime.kernel_efficiency
+            t = t * jnp.where(experts, inverse_expert, inverse_kernel)
             return t, op.flops * per_flop, op.flops, op.hbm_bytes
 
         kinds = np.asarray([(ATTENTION_KIND.get(op.name, 0), op.name == "experts")
@@ -516,15 +526,14 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
             operator_time(op, chip, design, seqs_per_chip, sharpness, hard,
                           inverse_peak=_inverse_peak(op, chip, class_peaks,
                                                      inverse_class_peaks))[0]
-            / (runtime.expert_efficiency if op.name == "experts" else 1.0)
-            / runtime.kernel_efficiency for op in ops)
+            * (inverse_expert if op.name == "experts" else inverse_kernel) for op in ops)
         operators_time = sum(times)
         energy = sum(op.flops * _energy_per_flop(op, chip) for op in ops)
         flops, hbm_bytes = sum(op.flops for op in ops), sum(op.hbm_bytes for op in ops)
     tokens = jnp.asarray(decode_seqs, dtype=float) * (1.0 + design.speculative.draft_tokens) \
         + jnp.asarray(prefill_tokens, dtype=float)
     comm, sent = _communication(model, chip, design, layout, tokens)
-    comm = comm / runtime.kernel_efficiency
+    comm = comm * inverse_kernel
     busy = operators_time + comm
     serial = busy + runtime.step_overhead \
         + runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float) \

@@ -48,3 +48,7 @@ def test_the_vmapped_predict_compiles_to_few_fusions_and_little_traffic():
         f"{kernel['xla_flops_per_config']:.0f} FLOP per configuration (725 now, 1,371 at "
         "ea18c38, where the mixed step was computed four times)")
     assert kernel["powers"] == 0, "the power cap's root should be a square root"
+    # Each matmul's inverse fraction of peak is one division (`Efficiency.
+    # inverse_compute_fraction`), where the fraction and its inverse were two.
+    assert kernel["divisions"] <= 24, (
+        f"{kernel['divisions']} divisions (22 now, 29 when each matmul divided twice)")

@@ -582,3 +582,35 @@ def test_a_compute_mix_known_while_tracing_adds_only_its_classes():
         assert len(jaxpr.eqns) <= most, jaxpr
         traced = jax.jit(roofline._mix)(jnp.asarray(mix), per_class)
         np.testing.assert_array_equal(roofline._mix(mix, per_class), traced)
+
+
+@pytest.mark.parametrize("top, half", [(0.7, 60.0), (1.0, 1e-9), (0.3, 4096.0), (5e-7, 60.0)])
+def test_inverse_compute_fraction_is_the_floored_inverse_in_one_division(top, half):
+    """`Efficiency.inverse_compute_fraction` is 1 / max(`compute_fraction`, floor) for every
+    row count (none, below and above the floor's, a fraction that never reaches the floor),
+    and its gradients in the rows and both parameters are finite and match the two-division
+    form's (float64), zero where the floor holds."""
+    import jax
+    import jax.numpy as jnp
+
+    floor = 1e-6
+
+    def one(rows, top, half):
+        return pm.Efficiency(compute_max=top, compute_rows_half=half).inverse_compute_fraction(
+            rows, floor)
+
+    def two(rows, top, half):
+        eff = pm.Efficiency(compute_max=top, compute_rows_half=half)
+        return 1.0 / jnp.maximum(eff.compute_fraction(rows), floor)
+
+    start = floor * half / max(top - floor, floor)
+    rows = np.array([0.0, 0.5 * start, 2.0 * start, 1.0, 17.0, 4096.0, 1e6])
+    np.testing.assert_allclose(one(rows, top, half), two(rows, top, half), rtol=1e-14)
+    assert float(jnp.max(one(rows, top, half))) <= 1.0 / floor
+    for k in range(3):
+        grad_one = jax.vmap(jax.grad(one, argnums=k), in_axes=(0, None, None))(rows, top, half)
+        assert np.all(np.isfinite(grad_one))
+        grad_two = jax.vmap(jax.grad(two, argnums=k), in_axes=(0, None, None))(rows[1:], top,
+                                                                                half)
+        np.testing.assert_allclose(grad_one[1:], grad_two, rtol=1e-12, atol=1e-12 * abs(
+            float(np.max(np.abs(grad_two)))))
