@@ -491,17 +491,18 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     # Each class's peak under the format ceiling, once for all of the step's operators.
     class_peaks = chip.efficiency.class_peaks(chip.peak_flops)
     # Routed experts run at the runtime's expert efficiency; every kernel (collectives
-    # included) at its kernel efficiency: multiplications by their inverses, formed once
-    # (where the runtime is an argument of a kernel, as in `perfmodel sweep`'s, a division
-    # by it is a division per operator and per configuration).
-    inverse_kernel = 1.0 / runtime.kernel_efficiency
-    inverse_expert = inverse_kernel / runtime.expert_efficiency
+    # included) at its kernel efficiency. (Multiplying by their inverses, formed once,
+    # takes a division per operator out of a kernel that gets the runtime as an argument,
+    # but XLA:CPU then copies the chains before it into more of the gradient kernel's
+    # fusions: 10,712 -> 17,754 FLOP and 34 -> 57 kB per configuration,
+    # `benchmarks/profile_vmap.py --grads`, 15 % fewer gradients a second.)
     if vectorize:
         # Every operator through one copy of the formulas, vectorized over the operators.
         def one(op, attention, experts, weight_map, peak, per_flop):
             t, _ = _operator_time(op, attention, weight_map, chip, design, seqs_per_chip,
                                   sharpness, hard, peak)
-            t = t * jnp.where(experts, inverse_expert, inverse_kernel)
+            t = t / jnp.where(experts, runtime.expert_efficiency, 1.0) \
+                / runtime.kernel_efficiency
             return t, op.flops * per_flop, op.flops, op.hbm_bytes
 
         kinds = np.asarray([(ATTENTION_KIND.get(op.name, 0), op.name == "experts")
@@ -526,14 +527,15 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
             operator_time(op, chip, design, seqs_per_chip, sharpness, hard,
                           inverse_peak=_inverse_peak(op, chip, class_peaks,
                                                      inverse_class_peaks))[0]
-            * (inverse_expert if op.name == "experts" else inverse_kernel) for op in ops)
+            / (runtime.expert_efficiency if op.name == "experts" else 1.0)
+            / runtime.kernel_efficiency for op in ops)
         operators_time = sum(times)
         energy = sum(op.flops * _energy_per_flop(op, chip) for op in ops)
         flops, hbm_bytes = sum(op.flops for op in ops), sum(op.hbm_bytes for op in ops)
     tokens = jnp.asarray(decode_seqs, dtype=float) * (1.0 + design.speculative.draft_tokens) \
         + jnp.asarray(prefill_tokens, dtype=float)
     comm, sent = _communication(model, chip, design, layout, tokens)
-    comm = comm * inverse_kernel
+    comm = comm / runtime.kernel_efficiency
     busy = operators_time + comm
     serial = busy + runtime.step_overhead \
         + runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float) \
