@@ -170,8 +170,9 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     ops = []
 
     def op(name, flops, weight_bytes, rows, mix, kernels, kv=0.0, act_features=0.0,
-           fabric_rows=0.0):
-        act = rows * act_features * a
+           fabric_rows=0.0, act_values=None):
+        # Activation bytes: rows x features, or the values moved when given as such.
+        act = (rows * act_features if act_values is None else act_values) * a
         ops.append(Operator(name=name, flops=jnp.asarray(flops, dtype=float),
                             weight_bytes=jnp.asarray(weight_bytes, dtype=float),
                             kv_bytes=jnp.asarray(kv, dtype=float),
@@ -204,8 +205,10 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         op("experts", n_moe * 2.0 * assignments * expert_params,
            n_moe * touched * expert_params * prec.expert_bytes, expert_rows,
            prec.expert_compute, 3 * n_moe,
-           act_features=n_moe * (2 * D + model.moe_ffn * 2 / layout.moe_tp)
-           * jnp.maximum(assignments, 0.0) / jnp.maximum(expert_rows, 1e-9),
+           # Every token-expert assignment moves its input, output and intermediate
+           # values (as rows x features, the rows cancel: no division).
+           act_values=n_moe * (2 * D + model.moe_ffn * 2 / layout.moe_tp)
+           * jnp.maximum(assignments, 0.0),
            fabric_rows=n_moe * assignments)
         shared = model.num_shared_experts * model.expert_params / tp
         op("shared_experts", n_moe * 2.0 * tokens * shared,

@@ -28,7 +28,10 @@ every step, and no dead placement term (a column the design sets to 0) (each hel
 a test in `tests/test_roofline.py` or `tests/test_interconnect.py`). 720 FLOP and 22
 divisions (from 29) since each matmul's inverse fraction of peak is one division
 (`Efficiency.inverse_compute_fraction`): the step fusions' cycles go mostly to float64
-divisions. The gradient kernel is bounded too (slow: it compiles in about 20 s).
+divisions. Then 16 fusions, 720 bytes, 676 FLOP and 20 divisions: the routed experts'
+activation bytes are their assignments times the values each moves, where a division by
+the rows per expert (which the rows then cancelled) split the step's kernel. The gradient
+kernel is bounded too (slow: it compiles in about 20 s).
 """
 
 import pathlib
@@ -45,18 +48,18 @@ from profile_vmap import structure  # noqa: E402
 def test_the_vmapped_predict_compiles_to_few_fusions_and_little_traffic():
     batched, _, _, _ = bench_vmap.build()
     kernel = structure(batched, bench_vmap.configurations(100_000))
-    assert kernel["fusions"] <= 23, f"{kernel['fusions']} fusions (20 now, 76 at 01c0001)"
-    assert kernel["xla_bytes_per_config"] <= 1050.0, (
-        f"{kernel['xla_bytes_per_config']:.0f} bytes per configuration (896 now, "
+    assert kernel["fusions"] <= 18, f"{kernel['fusions']} fusions (16 now, 76 at 01c0001)"
+    assert kernel["xla_bytes_per_config"] <= 800.0, (
+        f"{kernel['xla_bytes_per_config']:.0f} bytes per configuration (720 now, "
         "3,808 at 01c0001)")
     assert kernel["xla_flops_per_config"] <= 900.0, (
-        f"{kernel['xla_flops_per_config']:.0f} FLOP per configuration (720 now, 1,371 at "
+        f"{kernel['xla_flops_per_config']:.0f} FLOP per configuration (676 now, 1,371 at "
         "ea18c38, where the mixed step was computed four times)")
     assert kernel["powers"] == 0, "the power cap's root should be a square root"
     # Each matmul's inverse fraction of peak is one division (`Efficiency.
     # inverse_compute_fraction`), where the fraction and its inverse were two.
-    assert kernel["divisions"] <= 24, (
-        f"{kernel['divisions']} divisions (22 now, 29 when each matmul divided twice)")
+    assert kernel["divisions"] <= 21, (
+        f"{kernel['divisions']} divisions (20 now, 29 when each matmul divided twice)")
 
 
 @pytest.mark.slow   # the gradient kernel compiles in about 20 s on 2 cores

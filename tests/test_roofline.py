@@ -614,3 +614,28 @@ def test_inverse_compute_fraction_is_the_floored_inverse_in_one_division(top, ha
                                                                                 half)
         np.testing.assert_allclose(grad_one[1:], grad_two, rtol=1e-12, atol=1e-12 * abs(
             float(np.max(np.abs(grad_two)))))
+
+
+@pytest.mark.parametrize("decode_seqs", [0.0, 1.0, 64.0, 4096.0])
+def test_expert_activations_are_moved_per_assignment(decode_seqs):
+    """The routed experts move each token-expert assignment's input, output and
+    intermediate values: activation bytes = MoE layers x (2 D + 2 F / moe_tp) x
+    assignments per chip x activation bytes, with no division by the rows per expert (which
+    cancelled, and whose division split the step's kernel: 20 fusions and 896 bytes per
+    configuration against 16 and 720, `tests/test_kernel_structure.py`); zero without
+    tokens, never NaN."""
+    from perfmodel.moe import expert_load
+
+    chip, model = pm.get_chip("gb200"), pm.get_model("deepseek-r1")
+    layout = pm.Layout(tp=8, ep=8, dp_attention=True)
+    design = pm.Design(concurrency=64.0, layout=layout, precision=pm.precision(chip, model,
+                                                                            "fp4"))
+    ops = {op.name: op for op in roofline.operators(model, chip, design, layout, decode_seqs,
+                                                    2048.0)}
+    _, assignments, _ = expert_load(model, decode_seqs, layout.ep)
+    want = (model.num_moe_layers * (2 * model.hidden + model.moe_ffn * 2 / layout.moe_tp)
+            * float(assignments) * float(design.precision.activation_bytes))
+    got = float(ops["experts"].activation_bytes)
+    assert np.isfinite(got)
+    np.testing.assert_allclose(got, want, rtol=1e-14, atol=0.0)
+    assert (got == 0.0) == (decode_seqs == 0.0)
