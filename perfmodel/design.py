@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 
 from .architecture import Model
 from .checks import (
@@ -147,6 +148,20 @@ class LayoutNumbers(eqx.Module):
     """Model instances in the pool (instances)."""
     dp_attention: jnp.ndarray = eqx.field(converter=_bool_array)
     """Data-parallel attention over the `tp` chips (bool)."""
+
+    @classmethod
+    def stack(cls, layouts) -> LayoutNumbers:
+        """The static `layouts` as one `LayoutNumbers` whose leaves carry a leading axis,
+        one row per layout (`Layout.numbers()` of each, stacked; built from NumPy, one array
+        per field).
+
+        Example:
+            >>> n = LayoutNumbers.stack([Layout(tp=8, ep=8), Layout(tp=4, replicas=2)])
+            >>> n.tp.tolist(), n.chips.tolist()
+            ([8.0, 4.0], [8.0, 8.0])
+        """
+        return cls(**{key: np.asarray([getattr(x, key) for x in layouts])
+                      for key in ("tp", "ep", "pp", "replicas", "dp_attention")})
 
     @property
     def chips_per_instance(self):

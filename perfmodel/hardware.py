@@ -24,6 +24,11 @@ def _array(x):
     return jnp.asarray(x, dtype=float)
 
 
+#: The least fraction of peak FLOP/s an operator is charged at (dimensionless): a matmul of
+#: no rows costs at most 1e6 times its FLOPs at peak, never a division by zero.
+FRACTION_FLOOR = 1e-6
+
+
 class Efficiency(eqx.Module):
     """How much of the peak a real kernel reaches, as smooth functions of its shape.
 
@@ -137,7 +142,7 @@ class Efficiency(eqx.Module):
         rows = jnp.maximum(_array(rows), 0.0)
         return self.compute_max * rows / (rows + self.compute_rows_half)
 
-    def inverse_compute_fraction(self, rows, floor: float = 1e-6):
+    def inverse_compute_fraction(self, rows, floor: float = FRACTION_FLOOR):
         """1 / max(`compute_fraction`(rows), floor) in one division (dimensionless, at
         most 1 / floor): (r + h) / (compute_max r) with the rows held at or above r_0 =
         floor h / (compute_max - floor), where the fraction reaches the floor (the fraction

@@ -330,8 +330,8 @@ def _configurations(structure: tuple) -> Configurations:
     # operation compiles once per shape).
     pad = [len(layouts) - 1] * (-len(layouts) % LAYOUT_ROWS)
     rows = list(range(len(layouts))) + pad
-    numbers = LayoutNumbers(**{key: np.asarray([[getattr(singles[i], key)] for i in rows])
-                               for key in ("tp", "ep", "pp", "replicas", "dp_attention")})
+    numbers = jax.tree_util.tree_map(lambda v: v[:, None],
+                                     LayoutNumbers.stack([singles[i] for i in rows]))
     results = {}
     for j, sd in enumerate(specs if layouts else ()):
         design = Design(concurrency=1.0, layout=numbers, precision=prec, runtime=runtime,

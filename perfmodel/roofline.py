@@ -26,7 +26,7 @@ from jax import lax
 
 from .architecture import Model
 from .design import Design, Layout, LayoutNumbers
-from .hardware import Chip
+from .hardware import FRACTION_FLOOR, Chip
 from .interconnect import collective_time
 from .moe import expert_load
 from .smooth import DEFAULT_SHARPNESS, smooth_max, smooth_min
@@ -390,11 +390,6 @@ def attention_kernels(model: Model, chip: Chip) -> Chip:
                                   c.efficiency.prefill_attention_max), chip, (full, full))
 
 
-#: The least fraction of peak FLOP/s an operator is charged at (dimensionless): a matmul of
-#: no rows costs at most 1e6 times its FLOPs at peak, never a division by zero.
-_FRACTION_FLOOR = 1e-6
-
-
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,
                    decode_seqs_per_chip, sharpness, hard, peak=None, inverse_peak=None):
     """`operator_time` with the operator's kind given as data, `attention` (an
@@ -409,9 +404,9 @@ def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Desi
     # Attention kernels reach their own ceiling; matmuls a fraction set by their rows, its
     # inverse in one division (`Efficiency.inverse_compute_fraction`).
     inverse_fraction = jnp.where(
-        attention == 1, 1.0 / jnp.maximum(eff.attention_max, _FRACTION_FLOOR),
-        jnp.where(attention == 2, 1.0 / jnp.maximum(eff.prefill_attention_max, _FRACTION_FLOOR),
-                  eff.inverse_compute_fraction(op.rows, _FRACTION_FLOOR)))
+        attention == 1, 1.0 / jnp.maximum(eff.attention_max, FRACTION_FLOOR),
+        jnp.where(attention == 2, 1.0 / jnp.maximum(eff.prefill_attention_max, FRACTION_FLOOR),
+                  eff.inverse_compute_fraction(op.rows)))
     # The inverse peak is shared by the operators of one compute class (XLA computes it
     # once); the inverse fraction folds to a constant for attention kernels.
     compute = op.flops * inverse_peak * inverse_fraction

@@ -218,10 +218,7 @@ def _groups(space: Space) -> list:
     if len(aggregated) == 1:
         groups.append((aggregated, aggregated[0]))
     elif aggregated:
-        # `Layout.numbers()` of each, stacked, built from numpy (one array per field).
-        groups.append((aggregated, LayoutNumbers(
-            **{key: np.asarray([getattr(x, key) for x in aggregated])
-               for key in ("tp", "ep", "pp", "replicas", "dp_attention")})))
+        groups.append((aggregated, LayoutNumbers.stack(aggregated)))
     groups += [([x], x) for x in space.layouts if not isinstance(x, Layout)]
     return groups
 
