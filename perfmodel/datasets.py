@@ -13,8 +13,10 @@ Interpretation of InferenceMAX rows (documented assumptions, see calibration/REA
   tp = 1 for wide-EP DP-attention workers), the worker size wins: tp = chips per worker, and
   ep = tp when DP attention is on (wide EP, as those recipes run), else the logged ep if it
   divides tp.
-- MTP rows: `MTP_DRAFT_TOKENS` draft tokens (assumption: the InferenceMAX recipes run 1-3
-  MTP steps) at a per-token acceptance the latency fit fits per framework
+- MTP rows: the optional `mtp_draft_tokens` column, the draft tokens the run's recipe set
+  (Dynamo-TRT's `DECODE_MTP_SIZE`, SGLang's `--speculative-num-steps`); empty is
+  `MTP_DRAFT_TOKENS` (assumption: the InferenceMAX recipes run 1-3 MTP steps), at a
+  per-token acceptance the latency fit fits per framework
   (`calibration.params.FRAMEWORK_FIELDS` "mtp_acceptance"), from the prior
   `MTP_ACCEPTANCE` (DeepSeek-V3 reports 85-90 % acceptance of the second token on real
   text; these prompts are random tokens).
@@ -203,6 +205,17 @@ class BenchRow:
     """Decode steps between the scheduler's looks for new requests
     (`design.Runtime.poll_steps`; the optional `poll_steps` column; 1, the engines'
     default, where empty) (steps)."""
+    mtp_draft_tokens: float | None = None
+    """The optional `mtp_draft_tokens` cell: the draft tokens the row's recipe set (an MTP
+    row only); None where empty (tokens)."""
+
+    @property
+    def draft_tokens(self) -> float:
+        """MTP draft tokens per decode step (`design.SpecDecode.draft_tokens`): the row's
+        `mtp_draft_tokens`, else `MTP_DRAFT_TOKENS` on an MTP row and 0 without MTP."""
+        if self.mtp_draft_tokens is not None:
+            return self.mtp_draft_tokens
+        return MTP_DRAFT_TOKENS if self.mtp else 0.0
 
     @property
     def disaggregated(self) -> bool:
@@ -306,13 +319,29 @@ def load_benchmarks(path: str | os.PathLike, require_measured: bool = False) -> 
             raise DataError(f"{table.where(i, 'poll_steps')}: {poll} must be at least 1 (decode "
                             "steps between the scheduler's looks for new requests; leave it "
                             "empty for 1, the engines' default)")
+        mtp = spec not in ("", "none", "false", "no")
         out.append(BenchRow(index=i, line=table.lines[i], model=row["model"],
                             hardware=row["hardware"], framework=row["framework"].lower(),
                             precision=row["precision"].lower(), isl=isl, osl=osl, conc=conc,
-                            mtp=spec not in ("", "none", "false", "no"), layout=layout,
+                            mtp=mtp, layout=layout,
                             prefill=prefill, decode=decode, measured=measured, kv=kv,
-                            poll_steps=1.0 if poll is None else poll))
+                            poll_steps=1.0 if poll is None else poll,
+                            mtp_draft_tokens=_draft_tokens(table, i, mtp)))
     return out
+
+
+def _draft_tokens(table: Table, i: int, mtp: bool) -> float | None:
+    """The optional `mtp_draft_tokens` cell of row `i`: a positive integer, on MTP rows
+    only; None where empty (`BenchRow.draft_tokens` then takes the default)."""
+    value = number(table, i, "mtp_draft_tokens", optional=True)
+    if value is None:
+        return None
+    if not mtp:
+        raise DataError(f"{table.where(i, 'mtp_draft_tokens')}: {value} draft tokens on a row "
+                        "whose spec_decoding is none; leave it empty or set spec_decoding "
+                        "to mtp")
+    _as_int(value, table.where(i, "mtp_draft_tokens"))
+    return float(round(value))
 
 
 #: `kv_cache_dtype` cells meaning the engine's default ("auto": the model's BF16).

@@ -69,7 +69,7 @@ class Efficiency(eqx.Module):
     """Fraction of peak FLOP/s the prompt (prefill) attention of the same models reaches:
     a different kernel from decode's (MLA prefill runs non-absorbed multi-head attention
     over the prompt, FlashAttention-style), so a separate fitted term (dimensionless,
-    (0, 1]). The fit puts it below `attention_max` (0.06-0.22 against 0.09-0.28,
+    (0, 1]). The fit puts it below `attention_max` (0.06-0.23 against 0.09-0.38,
     `perfmodel/data/fitted_params.json`): the rows' time to first token grows faster with
     the prompt than these FLOPs at FlashAttention's rate explain, and the fit charges the
     difference here, the one prompt-quadratic term it has. Fitted files without it

@@ -154,6 +154,40 @@ def test_shipped_rows_carry_the_scheduler_polling_of_their_recipes():
                 assert r["poll_steps"] == "", r
 
 
+def test_mtp_draft_tokens_column_sets_the_row_draft_length(tmp_path):
+    """The optional `mtp_draft_tokens` column: a positive integer on an MTP row, empty as
+    `MTP_DRAFT_TOKENS`; a row without MTP drafts nothing and may not set it; the fit's
+    per-row inputs carry it."""
+    header = HEADER.rstrip("\n") + ",mtp_draft_tokens\n"
+    mtp = GOOD.replace(",none,", ",mtp,").rstrip("\n")
+    rows = datasets.load_benchmarks(_write(tmp_path, header + mtp + ",3\n" + mtp + ",\n"
+                                           + GOOD.rstrip("\n") + ",\n"))
+    assert [r.draft_tokens for r in rows] == [3.0, datasets.MTP_DRAFT_TOKENS, 0.0]
+    assert list(cal.row_inputs(rows)["draft"]) == [3.0, datasets.MTP_DRAFT_TOKENS, 0.0]
+    for bad in (GOOD.rstrip("\n") + ",1\n", mtp + ",1.5\n", mtp + ",0\n"):
+        with pytest.raises(datasets.DataError, match="mtp_draft_tokens"):
+            datasets.load_benchmarks(_write(tmp_path, header + bad))
+
+
+def test_shipped_rows_carry_the_draft_lengths_of_their_recipes():
+    """The GB200 Dynamo-TRT DeepSeek-R1 MTP rows carry their recipe's `DECODE_MTP_SIZE`
+    (InferenceMAX `.github/configs/nvidia-master.yaml`, calibration/README.md): 3 on the
+    TEP decode workers and the 32-GPU DEP ones, 1 on the 8-GPU DEP worker, 2 or 1 on the
+    16-GPU one by sweep; every other row leaves the column empty."""
+    with open(ROOT / "calibration" / "data" / "benchmarks_inferencemax.csv") as f:
+        for r in csv.DictReader(f):
+            if (r["hardware"], r["framework"], r["spec_decoding"]) != (
+                    "gb200", "dynamo-trt", "mtp"):
+                assert r["mtp_draft_tokens"] == "", r
+                continue
+            width = int(float(r["decode_tp"])) if r["decode_dp_attention"] == "True" else 0
+            expected = {0: "3", 32: "3", 8: "1"}.get(width)
+            if width == 16:
+                expected = "2" if r["isl"] == "8192" else (
+                    "1" if r["prefill_num_workers"] == "2.0" else "3")
+            assert r["mtp_draft_tokens"] == expected, r
+
+
 def test_disaggregated_worker_size_from_gpu_counts(tmp_path):
     header = HEADER.strip() + (",prefill_tp,prefill_ep,prefill_dp_attention,"
                                "prefill_num_workers,decode_tp,decode_ep,decode_dp_attention,"

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..architecture import Model
-from ..datasets import MTP_DRAFT_TOKENS, BenchRow
+from ..datasets import BenchRow
 from ..design import Design, Disaggregated, Layout, LayoutNumbers, Runtime, precision
 from ..hardware import Chip
 from ..presets import find_model, get_chip
@@ -147,7 +147,7 @@ def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
         isl=np.array([r.isl for r in rows], dtype=float),
         osl=np.array([r.osl for r in rows], dtype=float),
         conc=np.array([r.conc for r in rows], dtype=float),
-        draft=np.array([MTP_DRAFT_TOKENS if r.mtp else 0.0 for r in rows]),
+        draft=np.array([r.draft_tokens for r in rows]),
         reserve=np.array([FRAMEWORK_SETTINGS.get(r.framework, {}).get(
             "activation_reserve", reserve) for r in rows]),
         range_ratio=np.array([r.range_ratio for r in rows], dtype=float),
