@@ -61,10 +61,11 @@ def each_concurrency(path=baseline.ROWS) -> list[dict]:
         key = (row.mtp, row.conc, row.prefill.replicas, row.decode.tp, row.decode.replicas,
                row.decode.dp_attention)
         groups.setdefault(key, []).append((row, pred))
+    def mean(values):
+        return sum(values) / len(values)
+
     out = []
     for (mtp, conc, prefill, width, workers, dpa), members in sorted(groups.items()):
-        def mean(values):
-            return sum(values) / len(values)
         measured = mean([r.measured["tput_per_gpu"] for r, _ in members])
         predicted = mean([p["pred_tput_per_chip_total"] for _, p in members])
         m_int = mean([r.measured["median_intvty_tok_s_user"] for r, _ in members])
