@@ -340,8 +340,7 @@ def _draft_tokens(table: Table, i: int, mtp: bool) -> float | None:
         raise DataError(f"{table.where(i, 'mtp_draft_tokens')}: {value} draft tokens on a row "
                         "whose spec_decoding is none; leave it empty or set spec_decoding "
                         "to mtp")
-    _as_int(value, table.where(i, "mtp_draft_tokens"))
-    return float(round(value))
+    return float(_as_int(value, table.where(i, "mtp_draft_tokens")))
 
 
 #: `kv_cache_dtype` cells meaning the engine's default ("auto": the model's BF16).

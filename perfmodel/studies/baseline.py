@@ -208,6 +208,16 @@ ROWS = pathlib.Path(__file__).resolve().parents[2] / "calibration" / "data" / \
 _LOGGED = {"deepseek-r1": ("DeepSeek-R1", "DeepSeek-R1-0528")}
 
 
+def is_recipe_row(model: str, chip: str, logged_model: str, hardware: str, framework: str,
+                  precision: str, isl: float, osl: float) -> bool:
+    """Whether a measured row (its logged model name, hardware, framework, precision and
+    lengths) is one of `model`'s 8K/1K FP4 dynamo-trt rows on `chip`: the rows
+    `measured_top` and `calibration/baseline_check.py` compare against."""
+    return (logged_model in _LOGGED.get(model, (model,)) and hardware == chip
+            and framework == FRAMEWORK and precision == "fp4"
+            and (float(isl), float(osl)) == (8192.0, 1024.0))
+
+
 def measured_top(model: str, chip: str = "gb200", path=ROWS) -> list[dict]:
     """The measured 8K/1K FP4 dynamo-trt rows at the top of the model's sweep on `chip`:
     for MTP and for no MTP, the row of the highest `tput_per_gpu` (every InferenceMAX
@@ -222,9 +232,8 @@ def measured_top(model: str, chip: str = "gb200", path=ROWS) -> list[dict]:
         return []
     with path.open() as handle:
         rows = [r for r in csv.DictReader(handle)
-                if r["model"] in _LOGGED.get(model, (model,)) and r["hardware"] == chip
-                and r["framework"] == FRAMEWORK and r["precision"] == "fp4"
-                and r["isl"] == "8192" and r["osl"] == "1024"]
+                if is_recipe_row(model, chip, r["model"], r["hardware"], r["framework"],
+                                 r["precision"], r["isl"], r["osl"])]
     out = []
     for mtp in (False, True):
         group = [r for r in rows if (r["spec_decoding"] != "none") == mtp]
