@@ -7,7 +7,8 @@ beside the best point the model's own search of the InferenceMAX recipe predicts
 requests per GPU and MTP setting (`baseline.check_top`: the configuration is chosen by the
 model, not read from the row). Then every measured concurrency of the same rows at its
 own measured layout (`perfmodel.calibration.predict_rows`, the shipped fit's reading of the
-rows: the recipe's FP8 KV cache and draft lengths, BF16 attention math), repeated runs of
+rows: the recipe's FP8 KV cache and draft lengths, FP8 attention math as
+`design.attention_class` gives it), repeated runs of
 one configuration averaged: issue 21 asks for the baseline within 15 % at each
 concurrency, and the tops alone do not say whether it is. Writes
 `calibration/baseline_check.md`.
@@ -115,8 +116,9 @@ def main() -> int:
     counts = {mtp: (sum(within(r) for r in each if r["mtp"] == mtp),
                     sum(r["mtp"] == mtp for r in each)) for mtp in (False, True)}
     text += ("\nEach measured concurrency at its own measured layout (`perfmodel predict`'s "
-             "reading of the rows: the recipe's FP8 KV cache and draft lengths, BF16 attention "
-             "math; repeated runs averaged):\n\n" + concurrency_table(each) + "\n"
+             "reading of the rows: the recipe's FP8 KV cache and draft lengths, the FP8 "
+             "attention math of `design.attention_class`, as the search above; repeated runs "
+             "averaged):\n\n" + concurrency_table(each) + "\n"
              + f"Within {TOLERANCE:.0%} on both: {sum(map(within, each))} of "
              + f"{len(each)} configurations (no MTP {counts[False][0]} of {counts[False][1]}, "
              + f"MTP {counts[True][0]} of {counts[True][1]}).\n")

@@ -23,7 +23,9 @@ Interpretation of InferenceMAX rows (documented assumptions, see calibration/REA
 - KV-cache format: the optional `kv_cache_dtype` column (what the run's recipe set:
   `--kv-cache-dtype fp8_e4m3`, `kv_cache_config.dtype: fp8`); empty, missing or "auto" is
   the engine's default, the model's BF16. The shipped InferenceMAX rows carry the
-  InferenceX recipes' value per group (sources in calibration/README.md).
+  InferenceX recipes' value per group (sources in calibration/README.md). Attention math
+  follows from it (`design.attention_class`: FP8 for MLA with an FP8 cache on
+  Blackwell, BF16 otherwise).
 - Scheduler polling: the optional `poll_steps` column, the decode steps between the
   scheduler's looks for new requests (SGLang's `--scheduler-recv-interval`); empty or
   missing is 1, the engines' default. The

@@ -272,9 +272,41 @@ def _generic_fp4(name: str | None) -> bool:
     return isinstance(name, str) and name.strip().lower() == "fp4"
 
 
+#: Chip families whose engines run MLA attention in FP8 when the KV cache is FP8 (the
+#: TensorRT-LLM-generated MLA kernels of Blackwell, which TensorRT-LLM and SGLang's
+#: default Blackwell backend for DeepSeek models, `trtllm_mla`, both call): TensorRT-LLM
+#: tech blog 3, "Optimizing DeepSeek R1 Throughput on NVIDIA Blackwell GPUs" ("FP8 KV
+#: cache and FP8 attention, rather than BF16 precision"); SGLang's DeepSeek-V3/R1
+#: cookbook, B200 (`--kv-cache-dtype fp8_e4m3`: "enables fp8 kv cache and fp8 attention
+#: kernels"). Elsewhere an FP8 cache is dequantized for BF16 math (FlashMLA on Hopper,
+#: FlashInfer and FlashAttention for GQA); CDNA4 was tried as a member and left out
+#: (calibration/README.md, "FP8 attention").
+FP8_MLA_FAMILIES = ("blackwell",)
+
+
+def attention_class(chip: Chip, model: Model, kv: str) -> str:
+    """The compute class of attention math ("fp8" or "bf16") the engines run for `model`
+    on `chip` with a KV cache in format `kv` (a `formats` name): FP8 for MLA with an FP8
+    cache on a family of `FP8_MLA_FAMILIES` that computes FP8, else BF16. The one rule
+    behind `precision(attention="auto")` and `perfmodel.search`'s KV options.
+
+    Example:
+        >>> from perfmodel.presets import get_chip, get_model
+        >>> r1, b200 = get_model("deepseek-r1"), get_chip("b200")
+        >>> attention_class(b200, r1, "fp8"), attention_class(get_chip("h200"), r1, "fp8")
+        ('fp8', 'bf16')
+        >>> oss = get_model("gpt-oss-120b")
+        >>> attention_class(b200, r1, "bf16"), attention_class(b200, oss, "fp8")
+        ('bf16', 'bf16')
+    """
+    fp8 = (model.attention == "mla" and FORMAT_CLASS.get(kv) == "fp8"
+           and chip.family in FP8_MLA_FAMILIES and "fp8" in chip.native_classes)
+    return "fp8" if fp8 else "bf16"
+
+
 def precision(chip: Chip, model: Model, weights: str | None = None,
               experts: str | None = None, kv: str | None = None,
-              activations: str = "bf16", attention: str = "bf16", *,
+              activations: str = "bf16", attention: str = "auto", *,
               emulate: bool = False) -> Precision:
     """A concrete `Precision` for a chip and model.
 
@@ -290,8 +322,9 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         experts: override the routed-expert format.
         kv: KV-cache format; default BF16 (the engines' "auto").
         activations: format of activations moved between chips.
-        attention: compute class of attention math, "bf16" (default) or "fp8" (FP8
-            attention kernels).
+        attention: compute class of attention math: "bf16", "fp8" (FP8 attention
+            kernels) or "auto" (default): what the engines run for this chip, model and
+            KV cache (`attention_class`: FP8 for MLA with an FP8 cache on Blackwell).
         emulate: allow a requested weight or expert format, or FP8 attention, that the chip
             does not compute natively: the weights are stored in that format and
             dequantized for a BF16 matmul (weight-only quantization, as vLLM's Marlin
@@ -316,9 +349,9 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         if value is not None and not isinstance(value, str):
             raise TypeError(f"precision: {key} must be a format name such as 'fp8', got "
                             f"{type(value).__name__} {value!r}")
-    if attention.strip().lower() not in ("bf16", "fp8"):
+    if attention.strip().lower() not in ("auto", "bf16", "fp8"):
         raise ValueError(f"precision: attention={attention!r}; attention math runs in 'bf16' "
-                         "or 'fp8'")
+                         "or 'fp8', or 'auto' for what the engines run (`attention_class`)")
     flavor = chip.fp4_flavor
     base = resolve_format(weights, flavor) if weights else None
     if model.is_moe:
@@ -341,9 +374,11 @@ def precision(chip: Chip, model: Model, weights: str | None = None,
         weight_fmt = base or resolve_format(model.weight_format, flavor)
         expert_fmt = resolve_format(experts, flavor) if experts else weight_fmt
     # KV "auto": vLLM and SGLang store the cache in the model's activation dtype (BF16)
-    # unless told otherwise (--kv-cache-dtype); attention math runs in BF16 with an FP8
-    # cache too (FlashMLA / FlashInfer dequantize KV tiles), unless `attention` says fp8.
+    # unless told otherwise (--kv-cache-dtype); the attention math of an FP8 cache is
+    # `attention_class`'s, unless `attention` names one.
     kv_fmt = resolve_format(kv, flavor) if kv is not None else "bf16"
+    if attention.strip().lower() == "auto":
+        attention = attention_class(chip, model, kv_fmt)
     act_fmt = resolve_format(activations, flavor)
     native = chip.native_classes
     requested = {"weights": weight_fmt if base is not None and weight_fmt == base else None,

@@ -17,6 +17,7 @@ import pytest
 import perfmodel as pm
 from perfmodel import calibration as cal
 from perfmodel import datasets, fitted
+from perfmodel.formats import COMPUTE_CLASSES
 from perfmodel.interconnect import collective_time
 from perfmodel.presets import get_chip
 from perfmodel.solvers import RESULTS, succeeded
@@ -619,3 +620,24 @@ def test_fit_sharded_over_four_devices_gives_the_same_parameters(tmp_path):
     # Predictions of a sharded problem: every row, none of the padding.
     assert len(four["tput"]) == 9 and four["fits"] == one["fits"]
     np.testing.assert_allclose(four["tput"], one["tput"], rtol=1e-12, atol=0)
+
+
+def test_shipped_rows_are_read_with_the_attention_math_their_kernels_run():
+    """The fit reads each row's attention math by `design.attention_class`: the Blackwell
+    DeepSeek-R1 rows with their recipes' FP8 cache (B200 SGLang, GB200 Dynamo) run FP8
+    MLA kernels, every other group BF16 math (the same rule the GPU baseline of
+    `perfmodel compare` runs its recipe with)."""
+    rows = datasets.load_benchmarks(ROOT / "calibration" / "data" / "benchmarks_inferencemax.csv")
+    groups, errors = cal.build_groups(rows)
+    assert not errors
+    fp8 = COMPUTE_CLASSES.index("fp8")
+    seen = {}
+    for g in groups:
+        key = (g.model.name, g.rows[0].hardware, g.rows[0].framework)
+        math = np.asarray(g.design.precision.attention_compute)
+        seen.setdefault(key, set()).add(bool(math[fp8]))
+    fp8_groups = {k for k, v in seen.items() if v == {True}}
+    assert fp8_groups == {("deepseek-r1", "b200", "sglang"),
+                          ("deepseek-r1", "gb200", "dynamo-sglang"),
+                          ("deepseek-r1", "gb200", "dynamo-trt")}, seen
+    assert all(len(v) == 1 for v in seen.values()), seen

@@ -639,3 +639,34 @@ def test_expert_activations_are_moved_per_assignment(decode_seqs):
     assert np.isfinite(got)
     np.testing.assert_allclose(got, want, rtol=1e-14, atol=0.0)
     assert (got == 0.0) == (decode_seqs == 0.0)
+
+
+@pytest.mark.parametrize("chip_name, model_name, kv, expected", [
+    ("b200", "deepseek-r1", "fp8", "fp8"),     # MLA, FP8 cache, Blackwell: FP8 MLA kernels
+    ("gb300", "kimi-k2.5", "fp8", "fp8"),
+    ("b200", "deepseek-r1", "bf16", "bf16"),   # a BF16 cache keeps BF16 math
+    ("h200", "deepseek-r1", "fp8", "bf16"),    # FlashMLA on Hopper dequantizes
+    ("mi355x", "deepseek-r1", "fp8", "bf16"),  # CDNA4 left out (calibration/README.md)
+    ("b200", "gpt-oss-120b", "fp8", "bf16"),   # GQA: FlashAttention-style kernels
+    ("h100", "llama-3.1-8b", "fp8", "bf16"),
+])
+def test_attention_math_follows_the_engines_rule(chip_name, model_name, kv, expected):
+    """`precision`'s default attention ("auto") is `attention_class`'s: FP8 math only for
+    MLA with an FP8 cache on Blackwell; a named class overrides it; the optimizer's KV
+    options carry the same rule (one rule for the fit, the baseline and the search)."""
+    chip, model = pm.get_chip(chip_name), pm.get_model(model_name)
+    hot = {c: np.eye(len(COMPUTE_CLASSES))[i] for i, c in enumerate(COMPUTE_CLASSES)}
+    assert pm.design.attention_class(chip, model, kv) == expected
+    prec = pm.precision(chip, model, kv=kv)
+    np.testing.assert_array_equal(prec.attention_compute, hot[expected])
+    for named in ("bf16", "fp8"):
+        np.testing.assert_array_equal(
+            pm.precision(chip, model, kv=kv, attention=named).attention_compute, hot[named])
+    from perfmodel import search
+    space = search.design_space(model, chip, 8, formats={"kv": ("bf16", "fp8")})
+    table = np.asarray(search.tables(space, chip).attention_compute)
+    for i, fmt in enumerate(space.kv):
+        np.testing.assert_array_equal(
+            table[i], pm.precision(chip, model, kv=fmt).attention_compute, err_msg=fmt)
+    with pytest.raises(ValueError, match="auto"):
+        pm.precision(chip, model, attention="fp4")

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..architecture import Model
-from ..design import PLACEMENTS, STATE_CLASSES, Disaggregated
+from ..design import PLACEMENTS, STATE_CLASSES, Disaggregated, attention_class
 from ..formats import COMPUTE_CLASSES, FORMAT_BYTES, compute_class, resolve_format
 from ..hardware import Chip
 from ..workload import Workload
@@ -193,8 +193,7 @@ class GridIndex(eqx.Module):
         names = {"attention": "attention_placement", "dense": "dense_placement",
                  "experts": "expert_placement", "kv": "kv_placement"}
         kv = space.kv[i["kv"]]
-        # Attention math runs in FP8 with an FP8 cache where the chip has FP8 (`tables`).
-        attention = "fp8" if (kv == "fp8" and "fp8" in chip.native_classes) else "bf16"
+        attention = space.attention[i["kv"]]   # `design.attention_class`, as `tables`
         return {"layout": layout.describe(), "chips": layout.chips,
                 "concurrency": int(space.concurrency[i["concurrency"]]),
                 "formats": {"weights": space.weights[i["weights"]],
@@ -247,6 +246,9 @@ class Space(eqx.Module):
     """Power caps as fractions of TDP, increasing; (1.0,) = run at TDP."""
     quality: tuple[tuple[float, ...], ...] = eqx.field(static=True)
     """Quality cost of each option of weights, experts, kv (dimensionless)."""
+    attention: tuple[str, ...] = eqx.field(static=True)
+    """Compute class of attention math with each KV option (`design.attention_class`, the
+    rule `design.precision` applies)."""
 
     @property
     def sizes(self) -> GridIndex:
@@ -410,7 +412,8 @@ def design_space(model: Model, chip: Chip, chips: int, *, workload: Workload | N
                  experts=options["experts"], kv=options["kv"],
                  attention_placements=place["attention"], dense_placements=place["dense"],
                  expert_placements=place["experts"], kv_placements=place["kv"],
-                 power_caps=caps, quality=quality_table)
+                 power_caps=caps, quality=quality_table,
+                 attention=tuple(attention_class(chip, model, f) for f in options["kv"]))
 
 
 class Tables(eqx.Module):
@@ -427,8 +430,7 @@ class Tables(eqx.Module):
     expert_compute: jnp.ndarray
     kv_bytes: jnp.ndarray
     attention_compute: jnp.ndarray
-    """Compute class of attention math for each KV format (FP8 attention with an FP8
-    cache where the chip has FP8)."""
+    """Compute class of attention math for each KV format (`Space.attention`)."""
     quality_weights: jnp.ndarray
     """Quality cost of each weights format (dimensionless); likewise experts, kv."""
     quality_experts: jnp.ndarray
@@ -469,10 +471,6 @@ def tables(space: Space, chip: Chip) -> Tables:
         return hot(COMPUTE_CLASSES.index(compute_class(name, native, flavor)),
                    len(COMPUTE_CLASSES))
 
-    def attention(name):
-        cls = "fp8" if (name == "fp8" and "fp8" in native) else "bf16"
-        return hot(COMPUTE_CLASSES.index(cls), len(COMPUTE_CLASSES))
-
     def placement(names):
         return [hot(PLACEMENTS.index(p), len(PLACEMENTS)) for p in names]
 
@@ -486,7 +484,8 @@ def tables(space: Space, chip: Chip) -> Tables:
         expert_bytes=arr([FORMAT_BYTES[f] for f in space.experts]),
         expert_compute=arr([compute(f) for f in space.experts]),
         kv_bytes=arr([FORMAT_BYTES[f] for f in space.kv]),
-        attention_compute=arr([attention(f) for f in space.kv]),
+        attention_compute=arr([hot(COMPUTE_CLASSES.index(c), len(COMPUTE_CLASSES))
+                               for c in space.attention]),
         quality_weights=arr(space.quality[0]), quality_experts=arr(space.quality[1]),
         quality_kv=arr(space.quality[2]),
         attention_placement=arr(placement(space.attention_placements)),

@@ -12,7 +12,7 @@ DeepSeek-R1 and Kimi-K2.5) on NVL72 GPUs:
   one NVL72 domain (`chip.domain_size`), so the KV hand-off runs over NVLink;
 - MTP speculative decoding where the model has an MTP head (`Model.mtp_layers`): draft
   lengths `MTP_DRAFTS` at the per-token acceptance the calibration fits for the same rows
-  (`fitted.mtp_acceptance("dynamo-trt")`: 0.50 on InferenceMAX's random-token prompts,
+  (`fitted.mtp_acceptance("dynamo-trt")`: 0.49 on InferenceMAX's random-token prompts,
   against the prior `datasets.MTP_ACCEPTANCE` 0.7 from the DeepSeek-V3 technical report,
   arXiv:2412.19437 section 5.4.3, 85-90 % for the second token on real text), and
   without it;
@@ -20,7 +20,9 @@ DeepSeek-R1 and Kimi-K2.5) on NVL72 GPUs:
   Blackwell ("FP8 KV cache and FP8 attention, rather than BF16 precision", TensorRT-LLM tech
   blog 3, "Optimizing DeepSeek R1 Throughput on NVIDIA Blackwell GPUs"; `kv_cache_config:
   dtype: fp8` with `enable_attention_dp: true` in TensorRT-LLM's
-  examples/serve/deepseek_r1_reasoning_parser.sh); weights as the NVFP4 checkpoint;
+  examples/serve/deepseek_r1_reasoning_parser.sh): the FP8 cache, and the attention math
+  `design.attention_class` gives it (FP8 for MLA on Blackwell, the rule the calibration
+  reads the same rows with); weights as the NVFP4 checkpoint;
 - the fitted engine terms of the framework InferenceMAX ran (`fitted.runtime_for(
   "dynamo-trt")`).
 
@@ -138,7 +140,7 @@ def drafts(model: Model) -> tuple[int, ...]:
 def design_of(model: Model, chip: Chip, config: Config, concurrency: float = 1.0) -> Design:
     """The `Design` of one configuration (FP4 weights, FP8 KV and attention, fitted
     dynamo-trt runtime, MTP as configured)."""
-    prec = precision(chip, model, "fp4", kv="fp8", attention="fp8")
+    prec = precision(chip, model, "fp4", kv="fp8")
     spec = SpecDecode(draft_tokens=float(config.draft_tokens),
                       acceptance=mtp_acceptance(FRAMEWORK))
     return Design(concurrency=concurrency, layout=config.layout, precision=prec,
