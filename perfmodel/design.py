@@ -278,9 +278,10 @@ def _generic_fp4(name: str | None) -> bool:
 #: tech blog 3, "Optimizing DeepSeek R1 Throughput on NVIDIA Blackwell GPUs" ("FP8 KV
 #: cache and FP8 attention, rather than BF16 precision"); SGLang's DeepSeek-V3/R1
 #: cookbook, B200 (`--kv-cache-dtype fp8_e4m3`: "enables fp8 kv cache and fp8 attention
-#: kernels"). Elsewhere an FP8 cache is dequantized for BF16 math (FlashMLA on Hopper,
-#: FlashInfer and FlashAttention for GQA); CDNA4 was tried as a member and left out
-#: (calibration/README.md, "FP8 attention").
+#: kernels"; the InferenceX B200 and Dynamo GB200 SGLang recipes set `--attention-backend
+#: trtllm_mla` with that cache). Elsewhere an FP8 cache is dequantized for BF16 math
+#: (FlashMLA on Hopper, FlashInfer and FlashAttention for GQA); CDNA4 was tried as a member
+#: and left out (calibration/README.md, "Attention math of the InferenceMAX rows").
 FP8_MLA_FAMILIES = ("blackwell",)
 
 

@@ -118,3 +118,28 @@ def test_baseline_points_take_the_recipe_at_the_top():
     assert points.peak_layout.startswith("dynamo-trt")
     assert points.peak_concurrency / points.peak_chips <= top * (1 + 1e-9)
     assert points.low_interactivity >= plain.low_interactivity
+
+
+def test_recipe_runs_the_precision_the_fit_reads_its_rows_with():
+    """The baseline's recipe and the calibration's reading of the rows it reproduces (GB200
+    DeepSeek-R1 Dynamo-TRT) build the same cache format and attention math: before
+    2026-12-06 the recipe ran FP8 attention at a rate fitted on rows read with BF16 math."""
+    import pathlib
+
+    import numpy as np
+
+    from perfmodel import calibration, datasets
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "calibration" / "data" \
+        / "benchmarks_inferencemax.csv"
+    rows = [r for r in datasets.load_benchmarks(path)
+            if (r.hardware, r.framework) == ("gb200", "dynamo-trt") and "R1" in r.model]
+    groups, errors = calibration.build_groups(rows)
+    assert rows and groups and not errors
+    model, chip = get_model("deepseek-r1"), get_chip("gb200")
+    recipe = baseline.design_of(model, chip, baseline.Config(baseline.layouts(model, chip)[0],
+                                                             draft_tokens=0)).precision
+    for g in groups:
+        read = g.design.precision
+        np.testing.assert_array_equal(read.attention_compute, recipe.attention_compute)
+        assert float(read.kv_bytes) == float(recipe.kv_bytes)
