@@ -133,7 +133,8 @@ def test_recipe_runs_the_precision_the_fit_reads_its_rows_with():
     path = pathlib.Path(__file__).resolve().parents[1] / "calibration" / "data" \
         / "benchmarks_inferencemax.csv"
     rows = [r for r in datasets.load_benchmarks(path)
-            if (r.hardware, r.framework) == ("gb200", "dynamo-trt") and "R1" in r.model]
+            if baseline.is_recipe_row("deepseek-r1", "gb200", r.model, r.hardware,
+                                      r.framework, r.precision, r.isl, r.osl)]
     groups, errors = calibration.build_groups(rows)
     assert rows and groups and not errors
     model, chip = get_model("deepseek-r1"), get_chip("gb200")
