@@ -43,6 +43,14 @@ layout and its batch limits come from rules fixed in advance:
   latency (TTFT limit + mean output x TPOT limit), 300 to 1,200, and latencies are taken
   over requests arriving between 30 % and 70 % of the arrival span (no start-up ramp, no
   drain).
+
+A diagnostic beside the errors (`by_offline_capacity` in the JSON, `capacity_bins`): each
+row's p99 ratios (predicted / measured) grouped by how far the model's Offline throughput
+of the same system (model, chip, submitter, round, accelerators, software, weights) is
+from that system's measured Offline result (`mlperf_check.json`, written by
+`calibration/mlperf_check.py`; rows of systems without an Offline result are left out),
+with their Spearman rank correlation: a model that over-predicts a system's capacity runs
+its Server rate at a lower load than the submitter did.
 """
 
 from __future__ import annotations
@@ -258,6 +266,77 @@ def medians(results: list[dict]) -> dict:
                else float("nan") for k in ("ttft99", "tpot99")}}
 
 
+#: The systems' key shared by an Offline row and its Server/Interactive rows.
+SYSTEM_KEY = ("model", "chip", "submitter", "version", "accelerators", "software", "weights")
+#: Edges of the Offline capacity ratio (predicted / measured) in `capacity_bins`.
+CAPACITY_EDGES = (0.9, 1.1, 1.25)
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks of `x` (0-based), ties given their mean rank."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    for value in np.unique(x):
+        tied = x == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation of two equally long sequences, over the pairs without
+    a NaN (infinities rank last); nan below 3 such pairs."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    kept = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[kept], y[kept]
+    if len(x) < 3:
+        return float("nan")
+    return float(np.corrcoef(_ranks(x), _ranks(y))[0, 1])
+
+
+def capacity_bins(results: list[dict], offline: list[dict]) -> dict:
+    """The p99 ratios of the simulated rows by the Offline capacity ratio of their system.
+
+    `offline`: rows with the `SYSTEM_KEY` columns, the measured Offline result `tput` and
+    the model's `after` (`mlperf_check.json`'s `offline`); a system's ratio is the median
+    over its rows. Returns the bins (`CAPACITY_EDGES`; each with its row count and the
+    median predicted / measured p99 TTFT and TPOT), the rows matched, and the Spearman
+    correlation of the capacity ratio with each p99 ratio.
+
+    Example:
+        >>> off = [dict(zip(SYSTEM_KEY, "abcdefg"), tput=100.0, after=150.0)]
+        >>> row = dict(zip(SYSTEM_KEY, "abcdefg"), ttft99=2.0, pred_ttft99=1.0,
+        ...            tpot99=0.2, pred_tpot99=0.1)
+        >>> out = capacity_bins([row], off)
+        >>> out["matched"], out["bins"][-1]["n"], out["bins"][-1]["ratio_ttft99"]
+        (1, 1, 0.5)
+    """
+    ratios = {}
+    for r in offline:
+        if r.get("tput") and np.isfinite(r.get("after") or np.nan):
+            ratios.setdefault(tuple(r[k] for k in SYSTEM_KEY), []).append(r["after"] / r["tput"])
+    capacity = {key: float(np.median(v)) for key, v in ratios.items()}
+    matched = [(capacity[key], r) for r in results
+               if (key := tuple(r[k] for k in SYSTEM_KEY)) in capacity]
+    edges = (0.0, *CAPACITY_EDGES, np.inf)
+    bins = []
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
+        rows = [r for c, r in matched if low < c <= high]
+        bins.append({"capacity_low": low, "capacity_high": high, "n": len(rows),
+                     **{f"ratio_{k}": float(np.median([r[f"pred_{k}"] / r[k] for r in rows]))
+                        if rows else float("nan") for k in ("ttft99", "tpot99")}})
+    c = [c for c, _ in matched]
+    return {"bins": bins, "matched": len(matched),
+            **{f"spearman_{k}": spearman(c, [r[f"pred_{k}"] / r[k] for _, r in matched])
+               for k in ("ttft99", "tpot99")}}
+
+
+def offline_rows_of_check(path=HERE / "mlperf_check.json") -> list[dict] | None:
+    """`mlperf_check.json`'s Offline rows, or None where that file is missing."""
+    path = pathlib.Path(path)
+    return json.loads(path.read_text())["offline"] if path.exists() else None
+
+
 def run_mlperf(limit: int | None = None, models=(), progress=print) -> dict:
     rows, skipped = mlperf_rows()
     if models:
@@ -287,6 +366,9 @@ def run_mlperf(limit: int | None = None, models=(), progress=print) -> dict:
                             for m in dict.fromkeys(r["model"] for r in results)},
                "by_group": [{"model": m, "chip": c, "scenario": s, **medians(rs)}
                             for (m, c, s), rs in sorted(groups.items())]}
+    offline = offline_rows_of_check()
+    if offline is not None:
+        summary["by_offline_capacity"] = capacity_bins(results, offline)
     return {"summary": summary, "rows": results, "skipped": skipped,
             "unique_simulated": len(cache), "wall_s": time.time() - start}
 
@@ -428,6 +510,21 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def capacity_table(diagnostic: dict) -> str:
+    """`capacity_bins`' output as a markdown table."""
+    lines = ["| Offline capacity, predicted / measured | rows | TTFT p99 ratio | TPOT p99 ratio |",
+             "| --- | ---: | ---: | ---: |"]
+    for b in diagnostic["bins"]:
+        low, high = b["capacity_low"], b["capacity_high"]
+        span = f"<= {high:g}" if low == 0 else (f"> {low:g}" if np.isinf(high)
+                                                  else f"{low:g}-{high:g}")
+        lines.append(f"| {span} | {b['n']} | {b['ratio_ttft99']:.2f} | "
+                     f"{b['ratio_tpot99']:.2f} |")
+    lines.append(f"| Spearman with the capacity ratio | {diagnostic['matched']} | "
+                 f"{diagnostic['spearman_ttft99']:.2f} | {diagnostic['spearman_tpot99']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=str(HERE / "mlperf_serving.json"))
@@ -458,6 +555,8 @@ def main(argv=None) -> int:
     pathlib.Path(args.json).write_text(json.dumps(out, indent=1, default=float) + "\n")
     plot(out["rows"], pathlib.Path(args.plot))
     print(table(out["summary"]))
+    if "by_offline_capacity" in out["summary"]:
+        print(capacity_table(out["summary"]["by_offline_capacity"]))
     if "trtllm_sweep" in out:
         print("TRT-LLM online sweep, median |error|:", out["trtllm_sweep"]["median_abs_error"],
               "finite QPS:", out["trtllm_sweep"]["median_abs_error_finite_qps"])

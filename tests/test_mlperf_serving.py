@@ -106,3 +106,33 @@ def test_medians_report_errors_and_p99_ratios():
     m = ms.medians(rows)
     assert m["n"] == 1 and m["ttft50"] == 0.5 and m["ttft99"] == 0.5 and m["tpot50"] == 0.0
     assert m["ratio_ttft99"] == 0.5 and abs(m["ratio_tpot99"] - 3.0) < 1e-12
+
+
+def _system(name, **values):
+    return {**dict(zip(ms.SYSTEM_KEY, (name, "b200", "x", "v5.1", 8, "trt", "fp8"), strict=True)),
+            **values}
+
+
+def test_capacity_bins_group_rows_by_their_systems_offline_ratio():
+    offline = [_system("a", tput=100.0, after=80.0),      # 0.8: the first bin
+               _system("a", tput=100.0, after=float("nan")),   # a failed prediction
+               _system("b", tput=100.0, after=100.0),     # 1.0
+               _system("c", tput=100.0, after=120.0),     # 1.2
+               _system("d", tput=100.0, after=200.0)]     # 2.0: the last bin
+    rows = [_system(name, ttft99=1.0, tpot99=1.0, pred_ttft99=r, pred_tpot99=2 * r)
+            for name, r in (("a", 0.9), ("b", 0.5), ("c", 0.3), ("d", 0.1), ("e", 1.0))]
+    out = ms.capacity_bins(rows, offline)
+    assert out["matched"] == 4                             # "e" has no Offline row
+    assert [b["n"] for b in out["bins"]] == [1, 1, 1, 1]
+    assert [b["ratio_ttft99"] for b in out["bins"]] == [0.9, 0.5, 0.3, 0.1]
+    assert [b["ratio_tpot99"] for b in out["bins"]] == [1.8, 1.0, 0.6, 0.2]
+    assert out["spearman_ttft99"] == pytest.approx(-1.0)
+    table = ms.capacity_table(out)
+    assert "| <= 0.9 | 1 | 0.90 | 1.80 |" in table and "| > 1.25 | 1 |" in table
+
+
+def test_spearman_ranks_ties_and_skips_nans():
+    assert ms.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert ms.spearman([1, 2, 2, 4], [1, 3, 3, np.inf]) == pytest.approx(1.0)
+    assert ms.spearman([1, 2, np.nan, 4, 5], [5, 4, 0, 2, 1]) == pytest.approx(-1.0)
+    assert np.isnan(ms.spearman([1, 2], [2, 1]))
