@@ -313,7 +313,8 @@ def capacity_bins(results: list[dict], offline: list[dict]) -> dict:
     """
     ratios = {}
     for r in offline:
-        if r.get("tput") and np.isfinite(r.get("after") or np.nan):
+        predicted = r.get("after")
+        if r.get("tput") and predicted is not None and np.isfinite(predicted):
             ratios.setdefault(tuple(r[k] for k in SYSTEM_KEY), []).append(r["after"] / r["tput"])
     capacity = {key: float(np.median(v)) for key, v in ratios.items()}
     matched = [(capacity[key], r) for r in results

@@ -2,9 +2,12 @@
 (perfmodel.studies.baseline), its check against the measured tops, and the wide sweep of
 the compared chip."""
 
+import pathlib
+
+import numpy as np
 import pytest
 
-from perfmodel import fitted
+from perfmodel import calibration, datasets, fitted
 from perfmodel.design import Disaggregated
 from perfmodel.presets import get_chip, get_model
 from perfmodel.studies import baseline
@@ -124,12 +127,6 @@ def test_recipe_runs_the_precision_the_fit_reads_its_rows_with():
     """The baseline's recipe and the calibration's reading of the rows it reproduces (GB200
     DeepSeek-R1 Dynamo-TRT) build the same cache format and attention math: before
     2026-12-06 the recipe ran FP8 attention at a rate fitted on rows read with BF16 math."""
-    import pathlib
-
-    import numpy as np
-
-    from perfmodel import calibration, datasets
-
     path = pathlib.Path(__file__).resolve().parents[1] / "calibration" / "data" \
         / "benchmarks_inferencemax.csv"
     rows = [r for r in datasets.load_benchmarks(path)
