@@ -232,13 +232,24 @@ class Chip(eqx.Module):
     "tokens/s per MW" divides by it."""
     energy: EnergyCoefficients = eqx.field(default_factory=EnergyCoefficients)
     efficiency: Efficiency = eqx.field(default_factory=Efficiency)
+    prompt_attention_speedup: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
+    """Speed of prompt-attention kernels relative to the chips its family's `efficiency` was
+    fitted on (dimensionless, > 0; 1 for those chips and wherever nothing is documented).
+    A measured hardware difference the family fit cannot see: Blackwell Ultra (B300, GB300)
+    doubles the special-function units' exponential throughput (MUFU.EX2) over Blackwell
+    (B200, GB200), which computes every softmax score's exponential, and NVIDIA measured
+    FP8 attention's forward pass on DeepSeek-V3 shapes about 35 % faster on GB300 than on
+    GB200 (NVIDIA technical blog, "Making Softmax More Efficient with NVIDIA Blackwell
+    Ultra", 2026): 1.35. Decode attention keeps its fitted speed: no measurement of it is
+    published, and absorbed MLA decode does 3.4x the matmul work per score of the prompt
+    kernel measured, so its softmax share, and the gain, are smaller."""
 
     def __check_init__(self):
         check(self, {"peak_flops": POSITIVE, "hbm_bandwidth": POSITIVE,
                      "hbm_capacity": POSITIVE, "sram_bytes": NON_NEGATIVE,
                      "num_slices": Range(low=1.0, integer=True),
                      "slice_bandwidth": POSITIVE, "tdp": POSITIVE, "idle_power": NON_NEGATIVE,
-                     "allin_power": POSITIVE})
+                     "allin_power": POSITIVE, "prompt_attention_speedup": POSITIVE})
         n = len(COMPUTE_CLASSES)
         if self.peak_flops.shape != (n,):
             raise ValueError(f"Chip {self.name!r}: peak_flops must have shape ({n},), one per "
@@ -299,7 +310,8 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
                    scaleout_latency_us: float = 10.0,
                    idle_w: float | None = None, allin_kw: float | None = None,
                    energy: EnergyCoefficients | None = None,
-                   efficiency: Efficiency | None = None) -> Chip:
+                   efficiency: Efficiency | None = None,
+                   prompt_attention_speedup: float = 1.0) -> Chip:
     """Build a `Chip` from datasheet units (TFLOPS, GB, TB/s, GB/s, W, us, MB).
 
     Dense (not sparse) peaks. A format left `None` is not native: it runs at the BF16 rate.
@@ -309,7 +321,7 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
     any exist). `scaleup_algorithms` lists a switch's all-reduce algorithms separated by
     "|", a one-shot limit as `one_shot<=N` (e.g. "ring|tree|one_shot<=128"; see
     `perfmodel.interconnect`). `slice_tb_s` defaults to 2 x HBM bandwidth (a fabric that
-    rarely binds).
+    rarely binds). `prompt_attention_speedup`: see `Chip.prompt_attention_speedup`.
 
     Raises:
         ValueError: a non-positive or missing required number, naming it.
@@ -321,7 +333,8 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
                "scaleup_latency_us": scaleup_latency_us,
                "collective_base_us": collective_base_us, "scaleout_gb_s": scaleout_gb_s,
                "scaleout_latency_us": scaleout_latency_us, "idle_w": idle_w,
-               "allin_kw": allin_kw, **required}
+               "allin_kw": allin_kw, "prompt_attention_speedup": prompt_attention_speedup,
+               **required}
     for key, value in numbers.items():
         if value is not None and (isinstance(value, bool) or not isinstance(
                 value, (int, float, np.integer, np.floating))):
@@ -357,4 +370,5 @@ def from_datasheet(name: str, *, bf16_tflops: float, hbm_gb: float, hbm_tb_s: fl
         idle_power=idle_w if idle_w is not None else 0.15 * tdp_w,
         allin_power=(allin_kw * 1e3) if allin_kw is not None else 2.0 * tdp_w,
         energy=energy if energy is not None else EnergyCoefficients(),
-        efficiency=efficiency if efficiency is not None else Efficiency())
+        efficiency=efficiency if efficiency is not None else Efficiency(),
+        prompt_attention_speedup=prompt_attention_speedup)

@@ -227,7 +227,8 @@ def _datasheet_kwargs(key: str) -> dict:
         domain_size=int(_num(row, "domain_size")), scaleout_gb_s=_num(row, "scaleout_gb_s"),
         scaleout_latency_us=_num(row, "scaleout_latency_us"), tdp_w=tdp,
         idle_w=idle if idle is not None else 0.15 * tdp,
-        allin_kw=allin if allin is not None else 2.0 * tdp / 1e3)
+        allin_kw=allin if allin is not None else 2.0 * tdp / 1e3,
+        prompt_attention_speedup=_num(row, "prompt_attention_speedup") or 1.0)
 
 
 @functools.cache

@@ -363,8 +363,9 @@ def attention_kernels(model: Model, chip: Chip) -> Chip:
     """`chip` with the attention efficiencies of `model`'s kernels: the fitted decode one
     for MLA and windowed attention (`Efficiency.attention_max`), the fitted prompt one of
     each (`Efficiency.prefill_attention_max`, `Efficiency.window_prefill_attention_max`),
-    FlashAttention's for both phases of full GQA/MHA (`Efficiency.full_attention_max`).
-    The roofline reads `attention_max` and `prefill_attention_max` of the chip returned.
+    FlashAttention's for both phases of full GQA/MHA (`Efficiency.full_attention_max`);
+    the prompt one times the chip's `prompt_attention_speedup` (at most the peak). The
+    roofline reads `attention_max` and `prefill_attention_max` of the chip returned.
 
     Example:
         >>> from perfmodel.presets import get_chip, get_model
@@ -380,14 +381,17 @@ def attention_kernels(model: Model, chip: Chip) -> Chip:
         ...     h100.efficiency.window_prefill_attention_max)
         True
     """
+    eff = chip.efficiency
     if model.attention == "mla":
-        return chip
-    if model.num_sliding_layers:
-        return eqx.tree_at(lambda c: c.efficiency.prefill_attention_max, chip,
-                           chip.efficiency.window_prefill_attention_max)
-    full = chip.efficiency.full_attention_max
+        decode, prompt = eff.attention_max, eff.prefill_attention_max
+    elif model.num_sliding_layers:
+        decode, prompt = eff.attention_max, eff.window_prefill_attention_max
+    else:
+        decode, prompt = eff.full_attention_max, eff.full_attention_max
+    # A faster softmax than the family fit's chips (`Chip.prompt_attention_speedup`).
+    prompt = jnp.minimum(prompt * chip.prompt_attention_speedup, 1.0)
     return eqx.tree_at(lambda c: (c.efficiency.attention_max,
-                                  c.efficiency.prefill_attention_max), chip, (full, full))
+                                  c.efficiency.prefill_attention_max), chip, (decode, prompt))
 
 
 def _operator_time(op: Operator, attention, weight_map, chip: Chip, design: Design,

@@ -182,6 +182,36 @@ def test_each_model_runs_its_own_attention_kernels():
     assert t == pytest.approx(float(op.flops) / (peak * 0.5), rel=0.05)
 
 
+@pytest.mark.parametrize("name", ["deepseek-r1", "gpt-oss-120b", "llama-3.1-70b"])
+def test_blackwell_ultra_prompt_attention_runs_its_documented_speedup(name):
+    """GB300's softmax unit (`Chip.prompt_attention_speedup`, 1.35: NVIDIA's measurement)
+    shortens its compute-bound prompt attention by that factor against the same chip without
+    it, and leaves decode attention as fitted; GB200 and B200, the chips the Blackwell fit
+    was made on, keep 1."""
+    model = pm.get_model(name)
+    gb300 = pm.get_chip("gb300")
+    plain = eqx.tree_at(lambda c: c.prompt_attention_speedup, gb300, 1.0)
+    assert float(gb300.prompt_attention_speedup) == pytest.approx(1.35)
+    assert [float(pm.get_chip(c).prompt_attention_speedup) for c in ("gb200", "b200")] == \
+        [1.0, 1.0]
+
+    def attention(chip, phase):
+        layout = pm.Layout(tp=8, dp_attention=phase == "decode")
+        design = pm.Design(concurrency=1.0, layout=layout, precision=pm.precision(chip, model))
+        step = (0.0, 0.0, 8192.0, 4096.0, 1.0) if phase == "prefill" else \
+            (256.0, 8192.0, 0.0, 0.0, 0.0)
+        cost = pm.step_cost(model, chip, design, layout, *step, hard=True)
+        i = OPERATOR_NAMES.index("prefill_attention" if phase == "prefill" else "attention")
+        return float(cost.operator_times[i])
+
+    assert attention(plain, "prefill") / attention(gb300, "prefill") == \
+        pytest.approx(1.35, rel=1e-3)
+    assert attention(gb300, "decode") == pytest.approx(attention(plain, "decode"), rel=1e-12)
+    with pytest.raises(ValueError, match="prompt_attention_speedup"):
+        pm.from_datasheet("toy", bf16_tflops=1000, hbm_gb=80, hbm_tb_s=3.0, scaleup_gb_s=450,
+                          tdp_w=700, prompt_attention_speedup=0.0)
+
+
 def test_old_fitted_files_price_prompt_attention_as_before():
     """A fitted file written before `prefill_attention_max` existed prices all prompt
     attention at its `attention_max`, one written before `window_prefill_attention_max`
