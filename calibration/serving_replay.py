@@ -89,7 +89,8 @@ def replay(run: pathlib.Path) -> dict:
     return out
 
 
-def closed_loop(clients: int = 16, isl: int = 1024, osl: int = 256) -> dict:
+def closed_loop(clients: int = 16, isl: int = 1024, osl: int = 256,
+                cached_fraction: float = 0.0) -> dict:
     """The simulator at a fixed concurrency against `predict`'s steady state (H100,
     Llama-3.1-8B, vLLM's fitted terms, a 2,048-token step budget): `clients` clients, 8
     requests each, lengths uniform in [0.8, 1] x ISL/OSL as `predict` assumes, measured
@@ -97,7 +98,10 @@ def closed_loop(clients: int = 16, isl: int = 1024, osl: int = 256) -> dict:
     Relative differences of throughput, mean TPOT and mean E2E (TTFT differs by
     construction: `predict`'s fitted admission wait stands in for the scheduling the
     simulator does step by step). The same case as
-    `tests/test_simulate.py::test_closed_loop_reproduces_the_steady_state_model`."""
+    `tests/test_simulate.py::test_closed_loop_reproduces_the_steady_state_model`.
+    `cached_fraction`: that share of each prompt (whole KV blocks) is a prefix-cache hit at
+    arrival (`Requests.cached_len`; the policy's prefix caching is on), against `predict` of
+    `Workload(cached_fraction=...)`."""
     import equinox as eqx
     import jax.numpy as jnp
 
@@ -108,23 +112,28 @@ def closed_loop(clients: int = 16, isl: int = 1024, osl: int = 256) -> dict:
     design = pm.Design(concurrency=float(clients), layout=pm.Layout(tp=1),
                        precision=pm.precision(chip, model),
                        runtime=runtime_for("vllm", chip.family, max_batched_tokens=2048.0))
-    metrics = pm.predict(model, chip, pm.Workload(isl, osl), design, hard=True)
+    metrics = pm.predict(model, chip, pm.Workload(isl, osl, cached_fraction=cached_fraction),
+                         design, hard=True)
     num = clients * 8
     k1, k2 = jax.random.split(jax.random.PRNGKey(1))
     inputs = jnp.round(jax.random.uniform(k1, (num,), minval=0.8 * isl, maxval=isl))
     outputs = jnp.round(jax.random.uniform(k2, (num,), minval=0.8 * osl, maxval=osl))
     think = float(design.runtime.request_overhead)
     requests = sim.closed_loop(clients, num, inputs, outputs, think_time=think)
+    policy = sim.Policy(max_num_batched_tokens=2048)   # prefix caching on (vLLM v1)
+    if cached_fraction > 0:
+        block = float(policy.block_size)
+        requests = eqx.tree_at(lambda r: r.cached_len, requests,
+                               jnp.floor(cached_fraction * inputs / block) * block)
     design = eqx.tree_at(lambda d: d.concurrency, design, jnp.asarray(1.0))
     result = jax.tree_util.tree_map(np.asarray, sim.simulate_jit(
-        model, chip, design, sim.Policy(max_num_batched_tokens=2048), requests,
-        max_steps=50_000))
+        model, chip, design, policy, requests, max_steps=50_000))
     end = float(result.end_time)
     inside = (result.arrival >= 0.25 * end) & (result.finish <= 0.75 * end)
     e2e = float(result.e2e[inside].mean())
     tokens = float(np.mean(requests.input_len + requests.output_len))
     throughput = clients * tokens / (e2e + think)   # one request per E2E + think per client
-    return {"clients": clients, "isl": isl, "osl": osl,
+    return {"clients": clients, "isl": isl, "osl": osl, "cached_fraction": cached_fraction,
             "finished": bool(result.finished.all()),
             "throughput": throughput / float(metrics.throughput_per_chip) - 1.0,
             "tpot": float(result.tpot[inside].mean()) / float(metrics.tpot) - 1.0,
@@ -149,13 +158,18 @@ def main():
                 print(f"  {name + ' p' + str(q):<9}{v['measured']:>11.4f}"
                       f"{v['predicted']:>11.4f}{100 * v['error']:>8.1f}%")
     closed = closed_loop()
-    print(f"\nclosed loop ({closed['clients']} clients, {closed['isl']}/{closed['osl']} tokens, "
-          f"H100, Llama-3.1-8B) against predict's steady state: throughput "
-          f"{100 * closed['throughput']:+.1f} %, TPOT {100 * closed['tpot']:+.1f} %, E2E "
-          f"{100 * closed['e2e']:+.1f} %")
+    cached = [closed_loop(16, isl, osl, share) for isl, osl, share in (
+        (1024, 256, 0.5), (4096, 128, 0.0), (4096, 128, 0.5), (4096, 128, 0.875))]
+    print()
+    for c in [closed, *cached]:
+        print(f"closed loop ({c['clients']} clients, {c['isl']}/{c['osl']} tokens, "
+              f"{100 * c['cached_fraction']:g} % of each prompt cached, H100, Llama-3.1-8B) "
+              f"against predict's steady state: throughput {100 * c['throughput']:+.1f} %, "
+              f"TPOT {100 * c['tpot']:+.1f} %, E2E {100 * c['e2e']:+.1f} %")
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"runs": results, "closed_loop": closed},
-                                                      indent=1) + "\n")
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"runs": results, "closed_loop": closed, "closed_loop_cached": cached},
+            indent=1) + "\n")
 
 
 if __name__ == "__main__":

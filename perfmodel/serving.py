@@ -1,9 +1,12 @@
 """Serving metrics of a deployment in steady state (InferenceX definitions).
 
 Aggregated serving (one pool, chunked prefill): each running request emits tau tokens per
-step (tau > 1 with speculative decoding), so the batch must take in b * tau * I / O prompt
-tokens per step to stay full. Those prompt tokens ride in chunks of
-c = smooth_max(that demand, min(I, max_batched_tokens)) tokens, carried by a fraction
+step (tau > 1 with speculative decoding), so the batch must take in b * tau * I_c / O prompt
+tokens per step to stay full, I_c = (1 - h) I the prompt tokens a request computes when a
+share h of its prompt is a prefix-cache hit (`Workload.cached_fraction`; they attend to
+the cached h I and, causally, half of the rest; the KV cache and the decode context keep
+the whole prompt). Those prompt tokens ride in chunks of
+c = smooth_max(that demand, min(I_c, max_batched_tokens)) tokens, carried by a fraction
 f = demand / c of the steps. A step costs T0 without a chunk and Tc with one, so
 
     mean step  = T0 + f (Tc - T0),    TPOT = mean step / tau,
@@ -218,7 +221,9 @@ def _memory(model, chip, design, layout, context, sharpness):
 def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, hard,
                 vectorize=False):
     rt, spec = design.runtime, design.speculative
-    I, O = workload.mean_input_len, workload.mean_output_len
+    O = workload.mean_output_len
+    # Prompt tokens computed per request (a cached prefix is reused) and what they attend to.
+    Ic, prompt_ctx = workload.computed_input_len, workload.prefill_context
     tau = spec.tokens_per_step
     per_instance = concurrency / layout.replicas
     context = workload.decode_context
@@ -227,8 +232,8 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     running = smooth_min(per_instance, jnp.maximum(fit, 1e-3), rt.max_running,
                          sharpness=sharpness, hard=hard)
     micro = running / _in_flight(layout, rt)
-    demand = micro * tau * I / O
-    chunk = smooth_max(demand, jnp.minimum(I, rt.max_batched_tokens), sharpness=sharpness,
+    demand = micro * tau * Ic / O
+    chunk = smooth_max(demand, jnp.minimum(Ic, rt.max_batched_tokens), sharpness=sharpness,
                        hard=hard)
     frequency = jnp.minimum(demand / chunk, 1.0)
     # Three steps of the same engine: decode only, decode with a prefill chunk (the mix
@@ -236,15 +241,15 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     plain, mixed, burst = _capped_steps(model, chip, design, layout, (
         dict(decode_seqs=micro, decode_context=context),
         dict(decode_seqs=micro, decode_context=context, prefill_tokens=chunk,
-             prefill_context=I / 2.0, prefill_seqs=chunk / I),
+             prefill_context=prompt_ctx, prefill_seqs=chunk / Ic),
         dict(decode_seqs=jnp.zeros_like(micro), decode_context=context,
-             prefill_tokens=rt.max_batched_tokens, prefill_context=I / 2.0,
-             prefill_seqs=rt.max_batched_tokens / I)), sharpness, hard, vectorize)
+             prefill_tokens=rt.max_batched_tokens, prefill_context=prompt_ctx,
+             prefill_seqs=rt.max_batched_tokens / Ic)), sharpness, hard, vectorize)
     step = plain.time + frequency * (mixed.time - plain.time)
     energy = plain.dynamic_energy + frequency * (mixed.dynamic_energy - plain.dynamic_energy)
     power = average_power(chip.idle_power, energy, step)
     tpot = step / tau
-    own_prefill = smooth_max(I / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
+    own_prefill = smooth_max(Ic / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
     # The scheduler looks for new requests every `poll_steps` decode steps: a request
     # arriving at a random phase waits (N - 1) / 2 of them on average, (N - 1) at most.
     # Exactly zero when the scheduler is known to look every step (XLA keeps 0 x t, and
@@ -264,7 +269,7 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     # "Scheduler polling"). A request arriving at a random phase finds k / 2 of them ahead
     # on average, k at most. Zero when the scheduler looks every step.
     e2e_base = ttft_base + (O - 1.0) * tpot
-    share = I / chunk * (mixed.time - plain.time) + I / rt.max_batched_tokens * plain.time
+    share = Ic / chunk * (mixed.time - plain.time) + Ic / rt.max_batched_tokens * plain.time
     load = jnp.minimum(running / e2e_base * share, 0.95)
     group_wait = poll_wait if every_step else poll_wait * load / (1.0 - load)
     ttft_base = ttft_base + 0.5 * group_wait
@@ -278,11 +283,11 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     # has an infinite derivative and the gradient turns NaN.
     spread = safe_sqrt(frequency * (1.0 - frequency) / jnp.maximum(steps, 1.0))
     p99_tpot = tpot + 2.326 * spread * (mixed.time - plain.time) / tau
-    longest = workload.input_len
+    longest = workload.input_len * (1.0 - workload.cached_fraction)
     p99_own = smooth_max(longest / chunk, 1.0, sharpness=sharpness, hard=hard) * mixed.time
     wave = workload.first_wave_fraction
     rank = jnp.clip(1.0 - 0.01 / jnp.maximum(wave, 1e-6), 0.0, 1.0)
-    burst_wait = rank * running * I / rt.max_batched_tokens * burst.time
+    burst_wait = rank * running * Ic / rt.max_batched_tokens * burst.time
     p99_ttft = smooth_max(ttft - own_prefill + p99_own + 0.49 * (poll_wait + group_wait),
                           burst_wait + p99_own,
                           sharpness=sharpness, hard=hard)
@@ -326,16 +331,18 @@ def _disaggregated(model, chip, workload, design, layout: Disaggregated, concurr
                                  decode_context=context),
                             sharpness, hard, vectorize)
     tpot = plain.time / tau
-    # Prefill pool: prompts batched into chunks of max(I, max_batched_tokens).
-    chunk = smooth_max(I, rt.max_batched_tokens, sharpness=sharpness, hard=hard)
+    # Prefill pool: prompts (their computed tokens: a cached prefix is reused) batched into
+    # chunks of max(Ic, max_batched_tokens).
+    Ic, prompt_ctx = workload.computed_input_len, workload.prefill_context
+    chunk = smooth_max(Ic, rt.max_batched_tokens, sharpness=sharpness, hard=hard)
     zero = jnp.zeros_like(running)
     batch, single = _capped_steps(model, chip, design, pre, (
         dict(decode_seqs=zero, decode_context=zero, prefill_tokens=chunk,
-             prefill_context=I / 2.0, prefill_seqs=chunk / I),
-        dict(decode_seqs=zero, decode_context=zero, prefill_tokens=I,
-             prefill_context=I / 2.0, prefill_seqs=jnp.ones_like(I))), sharpness, hard,
+             prefill_context=prompt_ctx, prefill_seqs=chunk / Ic),
+        dict(decode_seqs=zero, decode_context=zero, prefill_tokens=Ic,
+             prefill_context=prompt_ctx, prefill_seqs=jnp.ones_like(Ic))), sharpness, hard,
         vectorize)
-    prefill_capacity = pre.replicas * _in_flight(pre, rt) * chunk / I / batch.time
+    prefill_capacity = pre.replicas * _in_flight(pre, rt) * chunk / Ic / batch.time
     transfer = kv_transfer_time(model, chip, design, layout, I)
     ttft_base = rt.request_overhead + rt.admission_steps * plain.time + single.time + transfer
     e2e_base = ttft_base + (O - 1.0) * tpot
@@ -424,6 +431,8 @@ _CHECKS = (
      "workload range ratios must lie in (0, 1]"),
     (lambda w, d, c: w.output_cv2, lambda x: x >= 0,
      "workload.output_cv2 must be >= 0 (0: outputs at their mean)"),
+    (lambda w, d, c: w.cached_fraction, lambda x: (x >= 0) & (x < 1),
+     "workload.cached_fraction must lie in [0, 1) (the share of each prompt cached)"),
     (lambda w, d, c: d.concurrency, lambda x: x > 0, "design.concurrency must be > 0"),
     (lambda w, d, c: d.runtime.expert_efficiency, lambda x: (x > 0) & (x <= 1),
      "design.runtime.expert_efficiency must lie in (0, 1]"),

@@ -49,12 +49,25 @@ class Workload(eqx.Module):
     Kleinrock, Queueing Systems vol. 1, sec. 5.2). Default 0: the lengths' own spread, from
     the range ratios alone (under 0.6 % of the mean at a ratio of 0.8), is not counted."""
 
+    cached_fraction: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Share of each prompt found in the prefix cache (dimensionless, in [0, 1)): tokens an
+    earlier request of the same conversation or agent session left in the KV cache, which
+    the engine reuses instead of computing them (vLLM's automatic prefix caching, SGLang's
+    radix cache, TensorRT-LLM's KV-cache reuse). A request's prefill computes the rest,
+    each computed token attending to the cached prefix and the computed tokens before it;
+    its KV cache, its decode context and the input tokens counted in throughput are the
+    whole prompt's. Multi-turn chat and agents resend the conversation so far on every turn
+    (ML.ENERGY's LM Arena workload: every earlier turn of the conversation; the serving
+    simulator's `Requests.cached_len` per request, `simulate.agent_sessions`). Default 0:
+    nothing cached, as InferenceMAX's random prompts."""
+
     def __check_init__(self):
         check(self, {"input_len": Range(low=1.0), "output_len": Range(low=1.0, low_open=True),
                      "input_range_ratio": FRACTION, "output_range_ratio": FRACTION,
                      "first_wave_fraction": UNIT_INTERVAL,
                      "request_rate": Range(low=0.0, low_open=True, optional=True),
-                     "output_cv2": NON_NEGATIVE})
+                     "output_cv2": NON_NEGATIVE,
+                     "cached_fraction": Range(low=0.0, high=1.0, high_open=True)})
 
     @property
     def mean_input_len(self):
@@ -63,6 +76,24 @@ class Workload(eqx.Module):
     @property
     def mean_output_len(self):
         return self.output_len * (1.0 + self.output_range_ratio) / 2.0
+
+    @property
+    def computed_input_len(self):
+        """Mean prompt tokens a request's prefill computes (tokens): the mean prompt less its
+        cached share (`cached_fraction`)."""
+        return self.mean_input_len * (1.0 - self.cached_fraction)
+
+    @property
+    def prefill_context(self):
+        """Mean context (tokens) a computed prompt token attends to: the cached prefix plus,
+        causally, half of the computed rest.
+
+        Example:
+            >>> w = Workload(1000, 100, 1.0, 1.0, cached_fraction=0.75)
+            >>> float(w.computed_input_len), float(w.prefill_context)
+            (250.0, 875.0)
+        """
+        return self.mean_input_len * (1.0 + self.cached_fraction) / 2.0
 
     @property
     def decode_context(self):
@@ -79,8 +110,8 @@ class Workload(eqx.Module):
         return self.mean_input_len + self.mean_output_len * (1.0 + self.output_cv2) / 2.0
 
     def closed_loop(self, input_len, output_len) -> Workload:
-        """This workload's shape (length ranges, first wave, output spread) at other lengths
-        (tokens), closed-loop (no `request_rate`): one point of a sweep.
+        """This workload's shape (length ranges, first wave, output spread, cached share) at
+        other lengths (tokens), closed-loop (no `request_rate`): one point of a sweep.
 
         Example:
             >>> w = Workload(800, 3886, 1.0, 1.0, output_cv2=1.42, request_rate=2.0)
@@ -91,4 +122,4 @@ class Workload(eqx.Module):
         return Workload(input_len, output_len, input_range_ratio=self.input_range_ratio,
                         output_range_ratio=self.output_range_ratio,
                         first_wave_fraction=self.first_wave_fraction,
-                        output_cv2=self.output_cv2)
+                        output_cv2=self.output_cv2, cached_fraction=self.cached_fraction)

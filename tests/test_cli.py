@@ -127,6 +127,24 @@ def test_output_spread_lengthens_the_decode_context(capsys):
         assert fronts["1.5"][key]["tpot_s"] > fronts["0"][key]["tpot_s"], key
 
 
+def test_a_cached_prefix_shortens_the_front_s_ttft(capsys):
+    """--cached-fraction: the same layouts and concurrencies reach their first token sooner
+    with half of each 4K prompt cached; the inputs say so."""
+    argv = ("pareto", "--model", "llama-3.1-8b", "--chip", "h200", "--isl", "4096", "--osl",
+            "256", "--chips", "1", "--precision", "fp8", "--format", "json")
+    fronts = {}
+    for share in ("0", "0.5"):
+        code, out, err = _run(capsys, *argv, "--cached-fraction", share)
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["inputs"]["cached_fraction"] == float(share)
+        fronts[share] = {(r["layout"], r["concurrency"]): r for r in data["rows"]}
+    shared = set(fronts["0"]) & set(fronts["0.5"])
+    assert shared
+    for key in shared:
+        assert fronts["0.5"][key]["ttft_s"] < fronts["0"][key]["ttft_s"], key
+
+
 @pytest.mark.parametrize("argv, names", [
     (("pareto", "--chip", "nonesuch"), ("'nonesuch'", "gb200", "h100")),
     (("pareto", "--model", "gpt-5"), ("'gpt-5'", "deepseek-r1")),
@@ -142,6 +160,8 @@ def test_output_spread_lengthens_the_decode_context(capsys):
     (("pareto", "--output-cv2", "-1"), ("--output-cv2", "-1", ">= 0")),
     (("pareto", "--output-cv2", "wide"), ("--output-cv2", "'wide'")),
     (("optimize", "--output-cv2", "inf"), ("--output-cv2", "inf", "finite")),
+    (("pareto", "--cached-fraction", "1"), ("--cached-fraction", "1", "[0, 1)")),
+    (("optimize", "--cached-fraction", "most"), ("--cached-fraction", "'most'")),
     (("frobnicate",), ("'frobnicate'", "pareto")),
     ((), ("COMMAND",)),
 ])

@@ -72,6 +72,19 @@ def spread(text: str) -> float:
     return value
 
 
+def cached_share(text: str) -> float:
+    """argparse type of --cached-fraction: a number in [0, 1) (the message names the
+    value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (0.0 <= value < 1.0):
+        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1): the share of each prompt "
+                                         "found in the prefix cache")
+    return value
+
+
 def add_model_chip_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
                         chip: str | None = "gb200", chip_default: str | None = None) -> None:
     """--model and --chip, read by `model_and_chip`: every command takes the same names.
@@ -110,6 +123,11 @@ def add_spec_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",
                              "lengthens the running batch's mean context to ISL + OSL (1 + "
                              "cv2) / 2 (Workload.output_cv2; MLPerf's DeepSeek-R1 outputs: "
                              "1.42)")
+    parser.add_argument("--cached-fraction", type=cached_share, default=0.0,
+                        help="share of each prompt found in the prefix cache, in [0, 1) "
+                             "(default 0): multi-turn chat and agents resend the "
+                             "conversation so far; the prefill computes the rest, the KV "
+                             "cache holds the whole prompt (Workload.cached_fraction)")
     add_long_context_arg(parser)
     parser.add_argument("--precision", default=None,
                         help="weight format (fp4, fp8, int8, bf16, mxfp4, nvfp4, int4); default: "

@@ -157,7 +157,8 @@ def _result(args):
         args.max_tpot_ms = limit
         default_target = (f"TPOT <= {limit:g} ms by default ({why}); set --max-tpot-ms, "
                           "--min-interactivity, --max-ttft-ms or --max-e2e-s to change it")
-    workload = Workload(args.isl, args.osl, output_cv2=args.output_cv2)
+    workload = Workload(args.isl, args.osl, output_cv2=args.output_cv2,
+                        cached_fraction=args.cached_fraction)
     space = design_space(model, chip, args.chips, workload=workload, formats=formats,
                          placements=placements, power_caps=args.power_caps,
                          disaggregated=args.disaggregated)
@@ -179,7 +180,8 @@ def _result(args):
               "usd_per_kwh")
     out["inputs"] = provenance(
         command="optimize", model=model.name, chip=chip.name, chips=args.chips, isl=args.isl,
-        osl=args.osl, output_cv2=args.output_cv2, objective=args.objective,
+        osl=args.osl, output_cv2=args.output_cv2, cached_fraction=args.cached_fraction,
+        objective=args.objective,
         targets={k: getattr(args, k) for k in limits if getattr(args, k) is not None},
         formats={k: list(v) for k, v in formats.items()},
         placements={k: list(v) for k, v in placements.items()},

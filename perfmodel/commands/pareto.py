@@ -102,7 +102,8 @@ def run(args) -> int:
             raise ValueError(f"--plot {args.plot!r}: the file name must end in .png, .pdf "
                              "or .svg")
         check_output(args.plot, "--plot")
-    workload = Workload(args.isl, args.osl, output_cv2=args.output_cv2)
+    workload = Workload(args.isl, args.osl, output_cv2=args.output_cv2,
+                        cached_fraction=args.cached_fraction)
     result = sweep(model, chip, workload, chips=args.chips, precision=fmt, jit=True,
                    progress=progress(args))
     rows = result.rows()
@@ -112,7 +113,7 @@ def run(args) -> int:
         shown = rows
     inputs = provenance(command="pareto", model=result.model, chip=result.chip,
                         chips=result.chips, isl=args.isl, osl=args.osl,
-                        output_cv2=args.output_cv2,
+                        output_cv2=args.output_cv2, cached_fraction=args.cached_fraction,
                         precision="/".join(result.precision),
                         engine=str(default_runtime(chip).framework))
     text = render(shown, args.format, COLUMNS, inputs=None if args.format == "table" else inputs)
