@@ -109,40 +109,30 @@ def test_csv_matches_json(capsys):
         assert a["precision"] == "fp8/fp8/bf16"   # weights/experts/KV
 
 
-def test_output_spread_lengthens_the_decode_context(capsys):
-    """--output-cv2: the same front at a longer running context (Workload.decode_context:
-    ISL + OSL (1 + cv2) / 2), so each concurrency decodes more slowly; the inputs say so."""
-    argv = ("pareto", "--model", "llama-3.1-8b", "--chip", "h200", "--isl", "1024", "--osl",
-            "1024", "--chips", "1", "--precision", "fp8", "--format", "json")
-    fronts = {}
-    for cv2 in ("0", "1.5"):
-        code, out, err = _run(capsys, *argv, "--output-cv2", cv2)
+@pytest.mark.parametrize("flag, values, isl, osl, metric, sign", [
+    # --output-cv2: a longer running context (Workload.decode_context: ISL + OSL (1 + cv2)
+    # / 2), so each concurrency decodes more slowly.
+    ("--output-cv2", ("0", "1.5"), "1024", "1024", "tpot_s", 1.0),
+    # --cached-fraction: half of each 4K prompt cached, so the first token comes sooner.
+    ("--cached-fraction", ("0", "0.5"), "4096", "256", "ttft_s", -1.0),
+])
+def test_workload_shape_flags_move_the_same_front(capsys, flag, values, isl, osl, metric,
+                                                  sign):
+    """The same layouts and concurrencies with the flag at two values: the metric moves in
+    its direction at every shared point, and the inputs record the value."""
+    argv = ("pareto", "--model", "llama-3.1-8b", "--chip", "h200", "--isl", isl, "--osl",
+            osl, "--chips", "1", "--precision", "fp8", "--format", "json")
+    fronts = []
+    for value in values:
+        code, out, err = _run(capsys, *argv, flag, value)
         assert code == 0, err
         data = json.loads(out)
-        assert data["inputs"]["output_cv2"] == float(cv2)
-        fronts[cv2] = {(r["layout"], r["concurrency"]): r for r in data["rows"]}
-    shared = set(fronts["0"]) & set(fronts["1.5"])
+        assert data["inputs"][flag[2:].replace("-", "_")] == float(value)
+        fronts.append({(r["layout"], r["concurrency"]): r for r in data["rows"]})
+    shared = set(fronts[0]) & set(fronts[1])
     assert shared
     for key in shared:
-        assert fronts["1.5"][key]["tpot_s"] > fronts["0"][key]["tpot_s"], key
-
-
-def test_a_cached_prefix_shortens_the_front_s_ttft(capsys):
-    """--cached-fraction: the same layouts and concurrencies reach their first token sooner
-    with half of each 4K prompt cached; the inputs say so."""
-    argv = ("pareto", "--model", "llama-3.1-8b", "--chip", "h200", "--isl", "4096", "--osl",
-            "256", "--chips", "1", "--precision", "fp8", "--format", "json")
-    fronts = {}
-    for share in ("0", "0.5"):
-        code, out, err = _run(capsys, *argv, "--cached-fraction", share)
-        assert code == 0, err
-        data = json.loads(out)
-        assert data["inputs"]["cached_fraction"] == float(share)
-        fronts[share] = {(r["layout"], r["concurrency"]): r for r in data["rows"]}
-    shared = set(fronts["0"]) & set(fronts["0.5"])
-    assert shared
-    for key in shared:
-        assert fronts["0.5"][key]["ttft_s"] < fronts["0"][key]["ttft_s"], key
+        assert sign * (fronts[1][key][metric] - fronts[0][key][metric]) > 0, key
 
 
 @pytest.mark.parametrize("argv, names", [
