@@ -2,6 +2,8 @@
 output, sharding over fake devices and two local processes."""
 
 import csv
+import dataclasses
+import hashlib
 import json
 import os
 import socket
@@ -90,6 +92,8 @@ def test_example_spec_is_the_issue_form():
     ({"runtime": {"max_running": "many"}}, "sweep.runtime.max_running must be a number"),
     ({"output_cv2": -1}, "sweep.output_cv2 must be a finite number >= 0"),
     ({"output_cv2": "wide"}, "sweep.output_cv2 must be"),
+    ({"cached_fraction": 1.0}, r"sweep.cached_fraction must be a number in \[0, 1\)"),
+    ({"cached_fraction": "half"}, "sweep.cached_fraction must be"),
 ])
 def test_bad_specs_name_the_key(table, match):
     with pytest.raises(ValueError, match=match):
@@ -373,21 +377,38 @@ def test_runtime_settings_reach_the_kernel(tmp_path, reference):
                    for r in capped)
 
 
-def test_output_spread_reaches_the_kernel(tmp_path, reference):
-    """`output_cv2` (alias `output_spread`): every point's running batch holds longer
-    contexts, so wherever both sweeps run a point in full (feasible) the spread one is less
-    interactive (queued points run fewer sequences in a smaller batch that fits); the
-    spec's digest (what `--resume` checks) tells the two apart."""
-    spec = small(output_spread=1.5)
-    assert spec.output_cv2 == 1.5 and spec.digest() != small().digest()
-    path = str(tmp_path / "spread.csv")
+@pytest.mark.parametrize("key, value, field, metric", [
+    # `output_cv2` (alias `output_spread`): every point's running batch holds longer
+    # contexts, so it is less interactive (queued points run fewer sequences in a smaller
+    # batch that fits).
+    ("output_spread", 1.5, "output_cv2", "interactivity"),
+    # `cached_fraction`: half of every point's prompt is computed, so the first token comes
+    # sooner.
+    ("cached_fraction", 0.5, "cached_fraction", "ttft_s"),
+])
+def test_workload_shape_keys_reach_the_kernel(tmp_path, reference, key, value, field, metric):
+    """Wherever both sweeps run a point in full (feasible) the metric falls; the spec's
+    digest (what `--resume` checks) tells the two apart."""
+    spec = small(**{key: value})
+    assert getattr(spec, field) == value and spec.digest() != small().digest()
+    path = str(tmp_path / "shaped.csv")
     run_sweep(spec, path, size=SMALL_CHUNK, progress=False)
-    base, spread = read_csv(reference[0]), read_csv(path)
-    assert [r["concurrency"] for r in base] == [r["concurrency"] for r in spread]
-    pairs = [(float(a["interactivity"]), float(b["interactivity"]))
-             for a, b in zip(base, spread, strict=True)
+    base, shaped = read_csv(reference[0]), read_csv(path)
+    assert [r["concurrency"] for r in base] == [r["concurrency"] for r in shaped]
+    pairs = [(float(a[metric]), float(b[metric]))
+             for a, b in zip(base, shaped, strict=True)
              if a["feasible"] == b["feasible"] == "true"]
     assert pairs and all(b < a for a, b in pairs)
+
+
+def test_a_spec_without_a_later_key_keeps_its_digest():
+    """A spec without `cached_fraction` (or with 0) hashes as it did before the key existed,
+    so sweeps written then still resume."""
+    assert small().digest() == small(cached_fraction=0.0).digest()
+    fields = dataclasses.asdict(small())
+    del fields["cached_fraction"]
+    assert small().digest() == hashlib.sha256(
+        json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def test_one_trace_per_model_and_chip(tmp_path, monkeypatch):

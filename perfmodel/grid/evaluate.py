@@ -150,9 +150,10 @@ def launch(grid: Grid, chunks: list[Chunk], placement: Placement, size: int,
                        for k, v in inputs.items()})
     blocks += [blocks[-1]] * (placement.count - len(blocks))
     padded = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
-    # The spec's output spread as a workload shape (`sweep.point_row`; each point keeps
-    # its own lengths, so these two are placeholders).
-    shape = Workload(1.0, 2.0, output_cv2=grid.spec.output_cv2)
+    # The spec's output spread and cached share as a workload shape (`sweep.point_row`;
+    # each point keeps its own lengths, so these two are placeholders).
+    shape = Workload(1.0, 2.0, output_cv2=grid.spec.output_cv2,
+                     cached_fraction=grid.spec.cached_fraction)
     specs = (group.model, group.chip, group.runtime, stack(group), shape)
     if placement.count == 1:
         out = _one_device_jit(padded, specs, wanted)

@@ -12,6 +12,7 @@
     metrics = ["tput_per_chip", "interactivity", "ttft_s", "tpot_s", "power_w"]
     runtime = { step_overhead = 0.002, max_running = 256 }   # optional engine settings
     output_cv2 = 0.0           # optional: Var/mean^2 of the output lengths
+    cached_fraction = 0.0      # optional: share of each prompt found in the prefix cache
 
 Every numeric axis (`chip_counts`, `isl`, `osl`, `concurrency`) is a number, a list, or a
 range table `{start, stop, num, scale}` (`scale` "linear" or "log", both ends included;
@@ -49,7 +50,7 @@ KEYS = {"models": ("model",), "chips": ("chip",), "chip_counts": ("chip_count", 
         "isl": ("input_len",), "osl": ("output_len",), "concurrency": ("concurrencies",),
         "layouts": ("layout",), "precision": ("precisions", "formats"),
         "metrics": ("metric",), "emulate": (), "allow_long_context": (),
-        "runtime": ("engine",), "output_cv2": ("output_spread",)}
+        "runtime": ("engine",), "output_cv2": ("output_spread",), "cached_fraction": ()}
 
 #: Largest number of values a range table may ask for on one axis.
 MAX_AXIS = 10_000_000
@@ -77,6 +78,9 @@ class SweepSpec:
             memory_fraction, max_running, ...), in the units of those fields.
         output_cv2: Var/mean^2 of the output lengths of every point (dimensionless, >= 0;
             `Workload.output_cv2`: a spread lengthens the running batch's mean context).
+        cached_fraction: share of each point's prompt found in the prefix cache
+            (dimensionless, in [0, 1); `Workload.cached_fraction`: the prefill computes the
+            rest, the KV cache holds the whole prompt).
     """
 
     models: tuple[str, ...]
@@ -92,10 +96,16 @@ class SweepSpec:
     allow_long_context: bool = False
     runtime: tuple[tuple[str, float], ...] = ()
     output_cv2: float = 0.0
+    cached_fraction: float = 0.0
 
     def digest(self) -> str:
-        """A hash of everything that decides the rows (what `--resume` checks)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """A hash of everything that decides the rows (what `--resume` checks). A field
+        added after sweeps were written (`cached_fraction`) is left out at its default, so
+        those outputs keep their digest and still resume."""
+        fields = dataclasses.asdict(self)
+        if not fields["cached_fraction"]:
+            del fields["cached_fraction"]
+        text = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -237,8 +247,13 @@ def from_dict(data: dict) -> SweepSpec:
             or not math.isfinite(spread) or spread < 0:
         raise ValueError(f"sweep.output_cv2 must be a finite number >= 0 (Var/mean^2 of the "
                          f"output lengths), got {spread!r}")
+    cached = found.get("cached_fraction", 0.0)
+    if isinstance(cached, bool) or not isinstance(cached, (int, float)) \
+            or not 0.0 <= cached < 1.0:
+        raise ValueError(f"sweep.cached_fraction must be a number in [0, 1) (the share of "
+                         f"each prompt found in the prefix cache), got {cached!r}")
     return SweepSpec(
-        output_cv2=float(spread),
+        output_cv2=float(spread), cached_fraction=float(cached),
         runtime=runtime_settings(found.get("runtime", {})),
         models=_names(found["models"], "models"), chips=_names(found["chips"], "chips"),
         chip_counts=tuple(int(c) for c in axis(found["chip_counts"], "chip_counts",
