@@ -315,7 +315,7 @@ def capacity_bins(results: list[dict], offline: list[dict]) -> dict:
     for r in offline:
         predicted = r.get("after")
         if r.get("tput") and predicted is not None and np.isfinite(predicted):
-            ratios.setdefault(tuple(r[k] for k in SYSTEM_KEY), []).append(r["after"] / r["tput"])
+            ratios.setdefault(tuple(r[k] for k in SYSTEM_KEY), []).append(predicted / r["tput"])
     capacity = {key: float(np.median(v)) for key, v in ratios.items()}
     matched = [(capacity[key], r) for r in results
                if (key := tuple(r[k] for k in SYSTEM_KEY)) in capacity]
