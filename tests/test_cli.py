@@ -152,6 +152,11 @@ def test_workload_shape_flags_move_the_same_front(capsys, flag, values, isl, osl
     (("optimize", "--output-cv2", "inf"), ("--output-cv2", "inf", "finite")),
     (("pareto", "--cached-fraction", "1"), ("--cached-fraction", "1", "[0, 1)")),
     (("optimize", "--cached-fraction", "most"), ("--cached-fraction", "'most'")),
+    (("pareto", "--at-interactivity", "-1"), ("--at-interactivity", "-1", ">= 0")),
+    (("predict", "calibration/data/benchmarks_inferencemax.csv", "--interval", "1"),
+     ("--interval", "1", "(0, 1)", "0.9")),
+    (("simulate", "--seed", "-1"), ("--seed", "-1", "[0, 2,147,483,648)")),
+    (("simulate", "--rate", "0"), ("--rate", "0", "positive")),
     (("frobnicate",), ("'frobnicate'", "pareto")),
     ((), ("COMMAND",)),
 ])
@@ -207,3 +212,25 @@ def test_help_lists_every_registered_command(capsys):
     out = capsys.readouterr().out
     for name in _COMMANDS:
         assert name in out
+
+
+@pytest.mark.parametrize("kwargs, good, bad", [
+    (dict(low=0.0, high=1.0, high_open=True), ("0", "0.5", "0.999"), ("1", "-0.0001", "nan")),
+    (dict(low=0.0, low_open=True), ("1e-9", "3"), ("0", "-1", "inf")),
+    (dict(low=1, high=10, integer=True), ("1", "10"), ("0", "11", "2.5", "1e1")),
+    (dict(high=5.0), ("-7", "5"), ("5.5", "-inf")),
+])
+def test_number_type_takes_its_range_and_refuses_the_rest(kwargs, good, bad):
+    """The argparse number type the commands share (counts, rates, seeds, shares): each
+    bound open or closed as asked, integers only when asked, never NaN or an infinity, and
+    the refusal names the value as typed."""
+    import argparse
+
+    from perfmodel.commands import number
+
+    parse = number(**kwargs)
+    for text in good:
+        assert parse(text) == (int(text) if kwargs.get("integer") else float(text))
+    for text in bad:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"^'?{re.escape(text)}"):
+            parse(text)

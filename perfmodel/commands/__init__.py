@@ -30,59 +30,66 @@ MAX_TOKENS = 100_000_000
 MAX_STEPS = 100_000
 
 
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False, integer: bool = False, meaning: str = ""):
+    """An argparse type: a finite number (an integer with `integer`) between `low` and `high`
+    (either bound None for none; `low_open` / `high_open` exclude the bound itself).
+
+    A refused value raises `argparse.ArgumentTypeError` whose message names the value as
+    given and the range, then `meaning` when given (argparse prefixes the option's name):
+
+        >>> number(0.0, 1.0, high_open=True, meaning="a share")("1")
+        Traceback (most recent call last):
+        argparse.ArgumentTypeError: 1 is not in [0, 1): a share
+    """
+    kind = "an integer" if integer else "a number"
+
+    def show(bound) -> str:
+        return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
+
+    if low is not None and high is not None:
+        span = (f"in {'(' if low_open else '['}{show(low)}, {show(high)}"
+                f"{')' if high_open else ']'}")
+    elif low == 0 and low_open:
+        span = "a positive finite number"
+    elif low is not None:
+        span = f"a finite number {'>' if low_open else '>='} {show(low)}"
+    elif high is not None:
+        span = f"a finite number {'<' if high_open else '<='} {show(high)}"
+    else:
+        span = "a finite number"
+
+    def parse(text: str):
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+        inside = math.isfinite(value) \
+            and (low is None or (value > low if low_open else value >= low)) \
+            and (high is None or (value < high if high_open else value <= high))
+        if not inside:
+            raise argparse.ArgumentTypeError(
+                f"{text} is not {span}" + (f": {meaning}" if meaning else ""))
+        return value
+
+    return parse
 
 
 def positive_int(text: str, largest: int = MAX_STEPS) -> int:
     """argparse type: an integer in [1, `largest`] (the message names the value)."""
-    value = _integer(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
-    if value > largest:
-        raise argparse.ArgumentTypeError(f"{value} is more than {largest:,}")
-    return value
+    return number(1, largest, integer=True)(text)
 
 
-def chip_count(text: str) -> int:
-    """argparse type of --chips: an integer in [1, `MAX_CHIPS`]."""
-    return positive_int(text, MAX_CHIPS)
-
-
-def token_count(text: str) -> int:
-    """argparse type of --isl and --osl: an integer in [1, `MAX_TOKENS`] (check_lengths
-    adds the model's own limits)."""
-    value = _integer(text)
-    if value > MAX_TOKENS:
-        raise argparse.ArgumentTypeError(f"{value} is more than {MAX_TOKENS:,} tokens")
-    return value
-
-
-def spread(text: str) -> float:
-    """argparse type of --output-cv2: a finite number >= 0 (the message names the value)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
-    return value
-
-
-def cached_share(text: str) -> float:
-    """argparse type of --cached-fraction: a number in [0, 1) (the message names the
-    value)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (0.0 <= value < 1.0):
-        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1): the share of each prompt "
-                                         "found in the prefix cache")
-    return value
+#: argparse type of --chips: an integer in [1, `MAX_CHIPS`].
+chip_count = number(1, MAX_CHIPS, integer=True)
+#: argparse type of --isl and --osl: an integer in [1, `MAX_TOKENS`] (check_lengths adds the
+#: model's own limits).
+token_count = number(1, MAX_TOKENS, integer=True, meaning="tokens")
+#: argparse type of --output-cv2: a finite number >= 0.
+spread = number(0.0)
+#: argparse type of --cached-fraction: a number in [0, 1).
+cached_share = number(0.0, 1.0, high_open=True,
+                      meaning="the share of each prompt found in the prefix cache")
 
 
 def add_model_chip_args(parser: argparse.ArgumentParser, model: str = "deepseek-r1",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import textwrap
 
 from . import (
@@ -12,6 +11,7 @@ from . import (
     add_spec_args,
     check_output,
     chip_count,
+    number,
     progress,
     provenance,
     render,
@@ -57,7 +57,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--emit", choices=("vllm", "sglang", "trtllm"), default=None,
                         help="also print the engine's launch command for one front point: "
                              "the most tok/s/chip at or above --at-interactivity")
-    parser.add_argument("--at-interactivity", type=float, default=0.0, metavar="TOK_S_USER",
+    parser.add_argument("--at-interactivity", type=number(0.0, meaning="tokens/s/user"),
+                        default=0.0, metavar="TOK_S_USER",
                         help="with --emit: the lowest tok/s/user the emitted point may have "
                              "(default 0: the peak-throughput point)")
     parser.set_defaults(func=run)
@@ -94,9 +95,6 @@ def run(args) -> int:
         if args.format == "csv":
             raise ValueError("--emit prints a command beside the front: use --format table "
                              "or json")
-        if not (math.isfinite(args.at_interactivity) and args.at_interactivity >= 0):
-            raise ValueError(f"--at-interactivity {args.at_interactivity}: a number of "
-                             "tokens/s/user >= 0")
     if args.plot is not None:
         if not args.plot.lower().endswith((".png", ".pdf", ".svg")):
             raise ValueError(f"--plot {args.plot!r}: the file name must end in .png, .pdf "

@@ -33,7 +33,7 @@ import functools
 import sys
 
 from ..datasets import INFERENCEMAX_INPUTS, DataError, load_benchmarks, read_table
-from . import check_output, provenance, versions
+from . import check_output, number, provenance, versions
 
 #: Columns that mark a power_measurements.csv-style file.
 POWER_COLUMNS = ("num_gpus", "parallelism")
@@ -49,7 +49,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="instead of rows: the design of a `perfmodel optimize --format "
                              "json` output (its `spec`), evaluated as the optimizer did; "
                              "writes its metrics as JSON")
-    parser.add_argument("--interval", metavar="LEVEL", type=float, default=None,
+    parser.add_argument("--interval", metavar="LEVEL", default=None,
+                        type=number(0.0, 1.0, low_open=True, high_open=True,
+                                    meaning="a central level, e.g. 0.9"),
                         help="add a central prediction interval of this level (0.9: 90 %%) "
                              "as pred_<metric>_lo / pred_<metric>_hi columns (about 5x "
                              "slower on InferenceMAX-style rows) (default: none)")
@@ -174,9 +176,6 @@ def run(args) -> int:
             with open(args.out, "w") as handle:
                 handle.write(text)
         return 0
-    if args.interval is not None and not 0.0 < args.interval < 1.0:
-        raise ValueError(f"predict: --interval {args.interval} must be a level in (0, 1), "
-                         "e.g. 0.9")
     columns, rows = predict_file(args.input, args.interval)
     handle = sys.stdout if args.out == "-" else open(args.out, "w", newline="")
     try:

@@ -11,6 +11,7 @@ from . import (
     add_long_context_arg,
     add_model_chip_args,
     model_and_chip,
+    number,
     positive_int,
     provenance,
     render,
@@ -28,34 +29,11 @@ LATENCIES = (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"),
              ("queue_s", "queue_delay"))
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive finite number")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text} is not a non-negative finite number")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= value < 2**31:
-        raise argparse.ArgumentTypeError(f"{value} is not in [0, 2**31)")
-    return value
+#: argparse types: a positive finite number (rates, spreads, limits), a finite number >= 0
+#: (waits, conservativeness) and a random seed.
+_positive = number(0.0, low_open=True)
+_non_negative = number(0.0)
+_seed = number(0, 2**31, high_open=True, integer=True)
 
 
 def register(subparsers) -> argparse.ArgumentParser:
