@@ -290,6 +290,7 @@ def main(argv=None):
         p = by_line[row["line"]]
         row["after"] = float(p["pred_result_per_accelerator"] or "nan")
         row["config"], row["error"] = p["pred_config"], p["pred_error"]
+        row["run_efficiency"] = float(p["pred_run_efficiency"] or "nan")
     # Server/Interactive: capacity (after) and the previous at-target prediction (echo).
     rows, skipped = load_rows()
     by_structure = {}
@@ -382,17 +383,34 @@ def report(summary, offline, serving, skipped, elapsed) -> str:
            if summary["offline_unpredicted"] else "") + ").",
         "",
         "| model | rows | median ratio before | median ratio after | median error before "
-        "| median error after |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        "| median error after | run efficiency after (median) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m, b in before["by_model"].items():
         a = after["by_model"].get(m, {"n": 0, "median_ratio": float("nan"),
                                       "median_abs_error": float("nan")})
+        eff = _median([r["run_efficiency"] for r in offline
+                       if r["model"] == m and np.isfinite(r["run_efficiency"])])
         lines.append(f"| {m} | {b['n']} | {b['median_ratio']:.2f} | {a['median_ratio']:.2f} | "
-                     f"{_pct(b['median_abs_error'])} | {_pct(a['median_abs_error'])} |")
+                     f"{_pct(b['median_abs_error'])} | {_pct(a['median_abs_error'])} | "
+                     f"{eff:.3f} |")
     lines.append(f"| **all** | {before['all']['n']} | {before['all']['median_ratio']:.2f} | "
                  f"{after['all']['median_ratio']:.2f} | "
                  f"{_pct(before['all']['median_abs_error'])} | "
-                 f"{_pct(after['all']['median_abs_error'])} |")
+                 f"{_pct(after['all']['median_abs_error'])} | "
+                 f"{_median([r['run_efficiency'] for r in offline]):.3f} |")
+    expected = {}
+    for r in offline:
+        try:
+            ratio = float(r["raw"]["target_qps"]) / float(r["raw"]["samples_per_s"])
+        except (KeyError, ValueError, ZeroDivisionError):
+            continue
+        expected.setdefault(r["model"], []).append(ratio)
+    lines += ["", "Offline rows' `target_qps` (read as the submitter's requested "
+              "`offline_expected_qps`, which sets LoadGen's sample count; UNVERIFIED reading "
+              "of the column) over the rate they scored (`samples_per_s`), median (range) per "
+              "model: " + "; ".join(
+                  f"{m} {_median(v):.2f} ({min(v):.2f}-{max(v):.2f}, {len(v)} rows)"
+                  for m, v in sorted(expected.items())) + "."]
     lines += ["", "Offline per model, accelerator and weight type (after):", "",
               "| model | accelerator | weights | rows | median ratio | median error |",
               "| --- | --- | --- | ---: | ---: | ---: |"]

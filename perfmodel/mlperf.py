@@ -3,11 +3,14 @@
 A row of `benchmarks_mlperf.csv` names a benchmark (its data set), a system (accelerator,
 count, nodes), the submitter's software and weight format, and a scenario:
 
-- **Offline**: the best sustainable throughput. Every serving configuration a submitter
-  could choose is evaluated (`configurations`: the parallel layouts of `sweep.
-  candidate_layouts` - tensor, expert and pipeline parallelism, DP attention - times the
-  speculative decoding the round's rules allow, over a concurrency grid up to the batch
-  that fits in memory), and the highest output tokens/s per accelerator is the prediction.
+- **Offline**: the best sustainable throughput, over the run LoadGen times. Every serving
+  configuration a submitter could choose is evaluated (`configurations`: the parallel
+  layouts of `sweep.candidate_layouts` - tensor, expert and pipeline parallelism, DP
+  attention - times the speculative decoding the round's rules allow, over a concurrency
+  grid up to the batch that fits in memory); each one's highest steady output tokens/s
+  per accelerator is scaled by `run_efficiency` (the run ends when its longest request
+  does: heavy-tailed outputs leave one request decoding alone at the end), and the best
+  is the prediction.
 - **Server / Interactive**: the highest Poisson rate whose p99 TTFT and p99 TPOT meet the
   row's limits, over the same configurations. Steady-state approximation (flagged in
   `pred_basis`): a closed-loop point of concurrency c serves rate c / E2E(c), which is the
@@ -41,6 +44,7 @@ import dataclasses
 import functools
 import math
 import re
+import statistics
 from importlib import resources
 
 import equinox as eqx
@@ -80,7 +84,7 @@ MTP_ACCEPTANCE = 0.85
 #: Output columns (`predict_rows`).
 COLUMNS = ("pred_result_per_accelerator", "pred_p50_ttft_ms", "pred_p99_ttft_ms",
            "pred_p50_tpot_ms", "pred_p99_tpot_ms", "pred_config", "pred_target_saturated",
-           "pred_basis", "pred_error")
+           "pred_run_efficiency", "pred_basis", "pred_error")
 
 
 @functools.cache
@@ -128,6 +132,8 @@ class RowSpec:
         notes: assumptions this row added (for `pred_basis`).
         power_limit: the accelerators' power limit (W) where the submitter set one below
             the preset's TDP (a MaxQ system); None runs the preset's TDP.
+        output_max: the data set's output cap (tokens; `output_tokens_max`).
+        min_samples: the Offline run's least sample count (LoadGen's `min_query_count`).
     """
 
     benchmark: str
@@ -146,6 +152,8 @@ class RowSpec:
     notes: tuple[str, ...] = ()
     power_limit: float | None = None
     output_cv2: float = 0.0
+    output_max: float = math.inf
+    min_samples: int = 1
 
     def structure(self) -> tuple:
         """Rows with equal structure share one evaluation of every configuration."""
@@ -227,7 +235,9 @@ def interpret(raw: dict) -> RowSpec:
                    domain=domain, input_len=float(lengths["input_tokens_mean"]),
                    output_len=float(lengths["output_tokens_mean"]), ttft_limit=ttft,
                    tpot_limit=tpot, speculative=speculative, notes=tuple(notes),
-                   output_cv2=float(lengths.get("output_cv2") or 0.0))
+                   output_cv2=float(lengths.get("output_cv2") or 0.0),
+                   output_max=float(lengths.get("output_tokens_max") or math.inf),
+                   min_samples=int(lengths.get("min_query_count") or 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,11 +390,91 @@ def _at(x: np.ndarray, k: int, a: float) -> float:
     return float(x[k] + a * (x[k + 1] - x[k])) if a > 0 else float(x[k])
 
 
+#: LoadGen's Offline sample count: `kSlack` x `min_duration` x `offline_expected_qps`, at
+#: least `min_query_count` (mlcommons/inference loadgen/test_settings_internal.cc, kSlack
+#: 1.1; loadgen/mlperf.conf, *.Offline.min_duration = 600000 ms).
+OFFLINE_SLACK, OFFLINE_MIN_DURATION = 1.1, 600.0
+
+
+@functools.lru_cache(maxsize=32)
+def censored_lognormal(mean: float, cv2: float, cap: float, points: int = 4096) -> np.ndarray:
+    """`points` equally likely lengths (tokens) of a lognormal censored at `cap` whose
+    mean and Var/mean^2 are `mean` and `cv2` (bisection on the log-scale sigma, the
+    location set for the mean at each; `cv2` beyond what the cap allows takes the
+    largest)."""
+    normal = statistics.NormalDist()
+    z = np.asarray([normal.inv_cdf((k + 0.5) / points) for k in range(points)])
+
+    def draw(sigma):
+        lo, hi = math.log(mean) - 8.0 * sigma - 10.0, math.log(mean) + 1.0
+        for _ in range(80):   # the censored mean rises with the location
+            mu = 0.5 * (lo + hi)
+            lo, hi = (mu, hi) if np.minimum(np.exp(mu + sigma * z), cap).mean() < mean \
+                else (lo, mu)
+        return np.minimum(np.exp(0.5 * (lo + hi) + sigma * z), cap)
+
+    lo, hi = 1e-6, 4.0
+    for _ in range(60):
+        sigma = 0.5 * (lo + hi)
+        x = draw(sigma)
+        lo, hi = (sigma, hi) if x.var() / x.mean() ** 2 < cv2 else (lo, sigma)
+    return draw(0.5 * (lo + hi))
+
+
+def residual_tail(output_len: float, output_cv2: float, output_max: float,
+                  running: float) -> tuple[float, float]:
+    """(mean, longest) output tokens still to come of the `running` requests in flight when
+    an Offline run's queue empties (tokens).
+
+    A request stays in the batch for as long as it decodes, so the batch holds lengths
+    length-biased and each part-way through: the remainder has the survival function
+    P(R > s) = E[(L - s)+] / E[L], mean E[L^2] / (2 E[L]) = (1 + cv2) E[L] / 2 (renewal
+    theory). The longest of `running` is where running x P(R > s) = 1. Outputs: a
+    lognormal of the data set's mean and Var/mean^2 `output_cv2`, censored at
+    `output_max` (ASSUMED shape; DeepSeek-R1's reported median 2,108 and p99 at the
+    20,000 cap fit it, `data/mlperf_lengths.csv`); at `output_cv2` 0 every output is the
+    mean.
+    """
+    if output_cv2 <= 0:
+        return 0.5 * output_len, output_len * max(1.0 - 1.0 / max(running, 1.0), 0.5)
+    lengths = censored_lognormal(output_len, output_cv2, output_max)
+    mean, second = lengths.mean(), (lengths**2).mean()
+    s = np.linspace(0.0, lengths.max(), 2049)
+    survival = np.maximum(lengths[None, :] - s[:, None], 0.0).mean(axis=1) / mean
+    longest = float(np.interp(-1.0 / max(running, 1.0), -survival, s))
+    return float(second / (2.0 * mean)), longest
+
+
+def run_efficiency(spec: RowSpec, rate: float, running: float, tail_tpot: float) -> float:
+    """Steady-state share of an Offline run's time: LoadGen's result is the samples over
+    the whole run, which ends when the last request does, not at the steady rate.
+
+    The run issues N = max(`min_samples`, 1.1 x 600 s x expected rate) samples at once
+    (LoadGen; the expected rate the submitter sets is taken as the model's steady `rate`,
+    requests/s), so its steady part lasts T = N / rate. When the queue empties, the
+    `running` requests in flight finish at a falling batch: with a step time linear in the
+    batch, t(B) = t0 + b B, draining them takes the tokens they hold at the steady rate
+    plus t0 for every step the longest has left beyond the mean remainder, so the run
+    lasts T + t0 (longest - mean) (`residual_tail`), t0 taken as the time per output token
+    at one request per instance (`tail_tpot`, s). Heavy-tailed outputs make it count:
+    DeepSeek-R1's (p99 at the 20,000-token cap) leave some 15,000 tokens of one request
+    after the rest have finished; Llama-2-70B's bounded ones a few hundred.
+    """
+    if not (rate > 0 and np.isfinite(tail_tpot)):
+        return 1.0
+    steady = max(spec.min_samples / rate, OFFLINE_SLACK * OFFLINE_MIN_DURATION)
+    mean, longest = residual_tail(spec.output_len, spec.output_cv2, spec.output_max,
+                                  running)
+    return steady / (steady + tail_tpot * max(longest - mean, 0.0))
+
+
 def capacity(spec: RowSpec) -> dict:
-    """The scenario's capacity: Offline, the best output tokens/s per accelerator; Server
+    """The scenario's capacity: Offline, the best output tokens/s per accelerator over the
+    whole run LoadGen times (the steady rate x `run_efficiency`); Server
     and Interactive, the output tokens/s per accelerator at the highest rate whose p99
     TTFT and TPOT meet `spec`'s limits (steady-state approximation). With the chosen
-    configuration's label, its instance chips and (k, a) grid position.
+    configuration's label, its instance chips, (k, a) grid position and `run_efficiency`
+    (1 for Server and Interactive, whose result is the rate, not a run's length).
 
     Raises:
         ValueError: no configuration fits, or none meets the limits at any load.
@@ -394,10 +484,14 @@ def capacity(spec: RowSpec) -> dict:
     best = None
     for i in range(len(configs.labels)):
         out = v["output_tput_per_chip"][i]
+        drain = 1.0
         if spec.scenario == "Offline":
             if not np.isfinite(out).any():
                 continue
             k, a = int(np.nanargmax(out)), 0.0
+            replicas = max(spec.accelerators // int(configs.chips[i]), 1)
+            drain = run_efficiency(spec, replicas * v["rate"][i][k],
+                                   replicas * configs.concurrency[i][k], v["tpot"][i][0])
         else:
             # Dimensionless slack of the binding limit: >= 0 meets both.
             slack = np.minimum(1.0 - v["p99_ttft"][i] / spec.ttft_limit,
@@ -406,9 +500,9 @@ def capacity(spec: RowSpec) -> dict:
             k, a = _crossing(np.nan_to_num(slack, nan=-1.0) >= 0, slack)
             if k < 0:
                 continue
-        value = _at(out, k, a)
+        value = _at(out, k, a) * drain
         if best is None or value > best["result"]:
-            best = {"result": value, "index": i, "k": k, "a": a}
+            best = {"result": value, "index": i, "k": k, "a": a, "run_efficiency": drain}
     if best is None:
         if spec.scenario == "Offline":
             raise ValueError("no configuration fits in memory")
@@ -447,8 +541,9 @@ def at_rate(spec: RowSpec, index: int, qps: float) -> dict:
 def predict_row(raw: dict) -> dict:
     """`COLUMNS` for one results row (floats in ms and tokens/s, or "" with `pred_error`).
 
-    `pred_result_per_accelerator` is always a capacity (Offline's best throughput,
-    Server/Interactive's highest rate meeting the limits); `pred_target_saturated` says
+    `pred_result_per_accelerator` is always a capacity (Offline's best throughput over the
+    run, its steady rate x `pred_run_efficiency`; Server/Interactive's highest rate meeting
+    the limits); `pred_target_saturated` says
     whether a Server/Interactive row's `target_qps` exceeds the predicted steady rate of the
     chosen configuration ("yes": its latencies are those at saturation; "" for Offline).
     """
@@ -464,13 +559,17 @@ def predict_row(raw: dict) -> dict:
                                        "biased batch context)" if spec.output_cv2 else ""),
              f"configuration searched over {spec.domain} chips: {cap['label']}"]
     if spec.scenario == "Offline":
-        basis.append("Offline: best throughput over configurations and batches that fit")
+        basis.append("Offline: best throughput over configurations and batches that fit, "
+                     f"x {cap['run_efficiency']:.3f} for the run's drain (LoadGen's samples "
+                     "over the whole run; outputs a censored lognormal, ASSUMED shape)")
     else:
         basis.append("steady-state approximation of Poisson capacity (no simulator; p99 "
                      "TTFT without queueing beyond the batch)")
     basis += list(spec.notes)
     out = empty | {"pred_result_per_accelerator": f"{cap['result']:.6g}",
                    "pred_config": cap["label"]}
+    if spec.scenario == "Offline":
+        out["pred_run_efficiency"] = f"{cap['run_efficiency']:.4g}"
     qps = _number(raw, "target_qps")
     if spec.scenario != "Offline" and math.isfinite(qps) and qps > 0:
         lat = at_rate(spec, cap["index"], qps)

@@ -78,7 +78,7 @@ def test_offline_is_the_best_throughput_and_server_capacity_obeys_its_limits():
     assert offline["pred_error"] == "" and offline["pred_config"] == "tp1"
     best = float(offline["pred_result_per_accelerator"])
     assert 1e3 < best < 3e4
-    assert "data-set means" in offline["pred_basis"]
+    assert "data-set means" in offline["pred_basis"] and "drain" in offline["pred_basis"]
     server = dict(row(scenario="Server", ttft_constraint_ms="2000",
                       tpot_constraint_ms="100", target_qps="20"))
     strict = dict(server, tpot_constraint_ms="30")
@@ -218,3 +218,72 @@ def test_every_layout_of_a_structure_in_one_evaluation(monkeypatch):
         ok = np.isfinite(got)
         assert ok.any()
         np.testing.assert_allclose(got[ok], want[ok], rtol=1e-12)
+
+
+def test_deepseek_r1_outputs_as_a_censored_lognormal_match_the_reported_median():
+    """The output distribution the Offline drain reads: a lognormal censored at the
+    20,000-token cap, fitted to the data set's mean (3,886) and Var/mean^2 (1.42) only,
+    puts its median at NVIDIA's reported 2,108 (v6.1 report.txt, not an input) and more
+    than 1 % of outputs at the cap (reported p99: 20,000)."""
+    import numpy as np
+
+    lengths = mlperf.censored_lognormal(3886.2274, 1.42, 20000.0)
+    assert lengths.mean() == pytest.approx(3886.2274, rel=1e-6)
+    assert lengths.var() / lengths.mean() ** 2 == pytest.approx(1.42, rel=1e-4)
+    assert np.median(lengths) == pytest.approx(2108.0, rel=0.02)
+    assert 0.01 < np.mean(lengths >= 20000.0) < 0.05
+    # The remainder of a request in flight has mean E[L^2] / (2 E[L]) (renewal theory).
+    mean, longest = mlperf.residual_tail(3886.2274, 1.42, 20000.0, 2048.0)
+    assert mean == pytest.approx(2.42 * 3886.2274 / 2.0, rel=1e-6)
+    assert 19000.0 < longest <= 20000.0
+    assert mlperf.residual_tail(300.0, 0.0, 1024.0, 1000.0) == pytest.approx((150.0, 299.7))
+
+
+def _drain(lengths, batch, t0, per_seq):
+    """Output tokens/s of a run that starts `batch` requests and refills each finished
+    slot from the queue until it is empty, every step lasting t0 + per_seq x (requests
+    running), over the whole run (event by event: one step per token of the shortest)."""
+    import numpy as np
+
+    queue = np.asarray(lengths, dtype=np.int64)
+    left, issued, clock = queue[:batch].copy(), batch, 0.0
+    while left.size:
+        steps = left.min()
+        clock += steps * (t0 + per_seq * left.size)
+        left = left - steps
+        done = int((left == 0).sum())
+        left = left[left > 0]
+        take = min(done, len(queue) - issued)
+        left = np.concatenate([left, queue[issued:issued + take]])
+        issued += take
+    return queue.sum() / clock
+
+
+@pytest.mark.parametrize("mean, cv2, cap, batch", [
+    (3886.2274, 1.42, 20000.0, 256),    # DeepSeek-R1: the drain takes about a fifth of the run
+    (3886.2274, 1.42, 20000.0, 2048),
+    (144.84, 0.606, 1024.0, 256),       # Mixtral: bounded outputs, a per cent or two
+])
+def test_offline_run_efficiency_matches_a_simulated_drain(mean, cv2, cap, batch):
+    """`run_efficiency`'s closed form (the steady part plus t0 x (longest - mean remainder))
+    against a run simulated request by request with the same step-time law, lengths drawn
+    from the same distribution and a sample count that makes the steady part 700 s."""
+    import numpy as np
+
+    t0, per_seq = 0.012, 5e-5
+    steady = batch / (t0 + per_seq * batch)            # tokens/s
+    samples = int(700.0 * steady / mean)
+    draws = np.random.default_rng(0).choice(
+        np.maximum(np.round(mlperf.censored_lognormal(mean, cv2, cap)), 1.0), samples)
+    simulated = _drain(draws, batch, t0, per_seq) / steady
+    spec = mlperf.RowSpec(
+        benchmark="x", model="m", chip="c", scenario="Offline", weights="fp8",
+        framework="vllm", accelerators=1, domain=1, input_len=1.0, output_len=mean,
+        ttft_limit=math.inf, tpot_limit=math.inf, speculative=False, output_cv2=cv2,
+        output_max=cap, min_samples=samples)
+    efficiency = mlperf.run_efficiency(spec, steady / draws.mean(), batch, t0 + per_seq)
+    assert efficiency == pytest.approx(simulated, abs=0.012)
+    assert efficiency < 1.0
+    # No tail, no loss; a slower tail, a longer drain.
+    assert mlperf.run_efficiency(spec, steady / draws.mean(), batch, 0.0) == 1.0
+    assert mlperf.run_efficiency(spec, steady / draws.mean(), batch, 2 * t0) < efficiency

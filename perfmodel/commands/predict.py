@@ -6,10 +6,11 @@ the prefill_/decode_ layout columns; measured columns may be missing) or those o
 `power_measurements.csv` (handed to `perfmodel.calibration_power.predict_power_rows`) or
 those of `benchmarks_mlperf.csv` (MLPerf Inference results, handed to
 `perfmodel.mlperf.predict_rows`: each scenario's own metric, `pred_result_per_accelerator`
-in tokens/s per accelerator - Offline's best throughput, Server/Interactive's highest
-Poisson rate meeting the row's p99 TTFT/TPOT limits - and the latencies at the row's
-`target_qps`, `pred_p50_ttft_ms`, `pred_p99_ttft_ms`, `pred_p50_tpot_ms`,
-`pred_p99_tpot_ms`, with `pred_config`, `pred_basis` and `pred_error`).
+in tokens/s per accelerator - Offline's best throughput over the run LoadGen times (its
+steady rate x `pred_run_efficiency`), Server/Interactive's highest Poisson rate meeting the
+row's p99 TTFT/TPOT limits - and the latencies at the row's `target_qps`,
+`pred_p50_ttft_ms`, `pred_p99_ttft_ms`, `pred_p50_tpot_ms`, `pred_p99_tpot_ms`, with
+`pred_config`, `pred_basis` and `pred_error`).
 OUT repeats every input row and adds the `pred_*` columns (`Metrics.to_row("pred_")`
 names: `pred_tput_per_chip_total`, `pred_ttft_s`, `pred_power_w_modelled`, ...),
 `pred_model` and `pred_chip` (the presets the row's names resolved to), `pred_basis` (which
