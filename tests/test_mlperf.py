@@ -27,6 +27,10 @@ def test_lengths_have_sources_and_cover_the_shared_benchmarks():
     for name, entry in lengths.items():
         assert entry["source"] and entry["input_basis"] and entry["output_basis"], name
         assert float(entry["output_tokens_mean"]) > 1
+        # The Offline run's drain reads the output cap and LoadGen's least sample count.
+        assert "mlperf.conf" in entry["run_basis"] or "ASSUMED" in entry["run_basis"], name
+        assert float(entry["output_tokens_max"]) >= float(entry["output_tokens_mean"])
+        assert int(entry["min_query_count"]) >= 1000
         if entry["input_tokens_mean"]:
             assert float(entry["input_tokens_mean"]) >= 1
     with open("calibration/data/benchmarks_mlperf.csv", newline="") as handle:
