@@ -43,13 +43,15 @@ class Range(NamedTuple):
     """None allowed (for example `Workload.request_rate`: a closed loop)."""
 
     def describe(self) -> str:
+        """The range in words: "in [0, 1)", ">= 0", "an integer in [1, 1,048,576]" (whole
+        bounds with thousands separators)."""
         kind = "an integer" if self.integer else "a number"
         has_low, has_high = self.low > -math.inf, self.high < math.inf
-        low = f"{'>' if self.low_open else '>='} {self.low:g}"
-        high = f"{'<' if self.high_open else '<='} {self.high:g}"
+        low = f"{'>' if self.low_open else '>='} {_bound(self.low)}"
+        high = f"{'<' if self.high_open else '<='} {_bound(self.high)}"
         if has_low and has_high:
-            text = (f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-                    f"{')' if self.high_open else ']'}")
+            text = (f"in {'(' if self.low_open else '['}{_bound(self.low)}, "
+                    f"{_bound(self.high)}{')' if self.high_open else ']'}")
         elif has_low:
             text = low
         elif has_high:
@@ -67,6 +69,10 @@ class Range(NamedTuple):
         if self.integer:
             ok &= ~np.isfinite(x) | (np.floor(x) == x)
         return ok
+
+
+def _bound(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 #: Common ranges.

@@ -437,12 +437,20 @@ def residual_tail(output_len: float, output_cv2: float, output_max: float,
     """
     if output_cv2 <= 0:
         return 0.5 * output_len, output_len * max(1.0 - 1.0 / max(running, 1.0), 0.5)
+    mean, s, survival = _remainders(output_len, output_cv2, output_max)
+    return mean, float(np.interp(-1.0 / max(running, 1.0), -survival, s))
+
+
+@functools.lru_cache(maxsize=32)
+def _remainders(output_len: float, output_cv2: float, output_max: float):
+    """(mean remainder, remainders s, P(R > s)) of a request in flight, for the output
+    distribution of `censored_lognormal` (once per data set: every configuration of its
+    rows reads the same curve)."""
     lengths = censored_lognormal(output_len, output_cv2, output_max)
     mean, second = lengths.mean(), (lengths**2).mean()
     s = np.linspace(0.0, lengths.max(), 2049)
     survival = np.maximum(lengths[None, :] - s[:, None], 0.0).mean(axis=1) / mean
-    longest = float(np.interp(-1.0 / max(running, 1.0), -survival, s))
-    return float(second / (2.0 * mean)), longest
+    return float(second / (2.0 * mean)), s, survival
 
 
 def run_efficiency(spec: RowSpec, rate: float, running: float, tail_tpot: float) -> float:

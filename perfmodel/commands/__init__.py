@@ -18,6 +18,10 @@ import json
 import math
 import os
 
+import numpy as np
+
+from ..checks import Range
+
 FORMATS = ("table", "json", "csv")
 #: Characters a table line may take; wider tables continue in further blocks.
 TABLE_WIDTH = 120
@@ -33,7 +37,8 @@ MAX_STEPS = 100_000
 def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
            high_open: bool = False, integer: bool = False, meaning: str = ""):
     """An argparse type: a finite number (an integer with `integer`) between `low` and `high`
-    (either bound None for none; `low_open` / `high_open` exclude the bound itself).
+    (either bound None for none; `low_open` / `high_open` exclude the bound itself), the
+    range a `checks.Range` like the specs' own.
 
     A refused value raises `argparse.ArgumentTypeError` whose message names the value as
     given and the range, then `meaning` when given (argparse prefixes the option's name):
@@ -42,32 +47,24 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
         Traceback (most recent call last):
         argparse.ArgumentTypeError: 1 is not in [0, 1): a share
     """
-    kind = "an integer" if integer else "a number"
-
-    def show(bound) -> str:
-        return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
-
-    if low is not None and high is not None:
-        span = (f"in {'(' if low_open else '['}{show(low)}, {show(high)}"
-                f"{')' if high_open else ']'}")
-    elif low == 0 and low_open:
+    valid = Range(low=-math.inf if low is None else low,
+                  high=math.inf if high is None else high,
+                  low_open=low_open, high_open=high_open)
+    if low == 0 and low_open and high is None:
         span = "a positive finite number"
-    elif low is not None:
-        span = f"a finite number {'>' if low_open else '>='} {show(low)}"
-    elif high is not None:
-        span = f"a finite number {'<' if high_open else '<='} {show(high)}"
+    elif low is not None and high is not None:
+        span = valid.describe()
     else:
-        span = "a finite number"
+        span = "a finite number" + ("" if low is None and high is None
+                                    else " " + valid.describe())
 
     def parse(text: str):
         try:
             value = int(text) if integer else float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
-        inside = math.isfinite(value) \
-            and (low is None or (value > low if low_open else value >= low)) \
-            and (high is None or (value < high if high_open else value <= high))
-        if not inside:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if integer else 'a number'}") from None
+        if not valid.holds(np.float64(value)):
             raise argparse.ArgumentTypeError(
                 f"{text} is not {span}" + (f": {meaning}" if meaning else ""))
         return value

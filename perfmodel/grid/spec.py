@@ -34,6 +34,7 @@ import sys
 
 import numpy as np
 
+from ..checks import NON_NEGATIVE, Range
 from ..design import Layout, Runtime
 from ..serving import COLUMNS
 
@@ -212,6 +213,18 @@ def _choice(value, key: str, default: str) -> str | tuple[str, ...]:
     return _names(value, key)
 
 
+def _number(found: dict, key: str, valid: Range, meaning: str) -> float:
+    """`found[key]` (0 when absent) as a float, or ValueError naming `sweep.key`, its range
+    (`checks.Range`, the specs' own) and `meaning`."""
+    value = found.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not valid.holds(np.float64(value)):
+        both = valid.low > -math.inf and valid.high < math.inf
+        raise ValueError(f"sweep.{key} must be a {'' if both else 'finite '}number "
+                         f"{valid.describe()} ({meaning}), got {value!r}")
+    return float(value)
+
+
 def from_dict(data: dict) -> SweepSpec:
     """A `SweepSpec` from the parsed TOML document (its `[sweep]` table, or the top level
     when there is none).
@@ -242,18 +255,11 @@ def from_dict(data: dict) -> SweepSpec:
     for key in ("emulate", "allow_long_context"):
         if not isinstance(found.get(key, False), bool):
             raise ValueError(f"sweep.{key} must be true or false, got {found[key]!r}")
-    spread = found.get("output_cv2", 0.0)
-    if isinstance(spread, bool) or not isinstance(spread, (int, float)) \
-            or not math.isfinite(spread) or spread < 0:
-        raise ValueError(f"sweep.output_cv2 must be a finite number >= 0 (Var/mean^2 of the "
-                         f"output lengths), got {spread!r}")
-    cached = found.get("cached_fraction", 0.0)
-    if isinstance(cached, bool) or not isinstance(cached, (int, float)) \
-            or not 0.0 <= cached < 1.0:
-        raise ValueError(f"sweep.cached_fraction must be a number in [0, 1) (the share of "
-                         f"each prompt found in the prefix cache), got {cached!r}")
+    spread = _number(found, "output_cv2", NON_NEGATIVE, "Var/mean^2 of the output lengths")
+    cached = _number(found, "cached_fraction", Range(low=0.0, high=1.0, high_open=True),
+                     "the share of each prompt found in the prefix cache")
     return SweepSpec(
-        output_cv2=float(spread), cached_fraction=float(cached),
+        output_cv2=spread, cached_fraction=cached,
         runtime=runtime_settings(found.get("runtime", {})),
         models=_names(found["models"], "models"), chips=_names(found["chips"], "chips"),
         chip_counts=tuple(int(c) for c in axis(found["chip_counts"], "chip_counts",
