@@ -561,6 +561,10 @@ class Runtime(eqx.Module):
     flight; schedulers that favour running decodes wait longer); in a disaggregated
     deployment, the decode steps a request waits, once its KV cache has arrived, to join the
     decode batch, whose instance streams its first token (steps)."""
+    dp_admission_steps: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Further engine steps a new request waits under attention DP (TensorRT-LLM's
+    `attention_dp_config` balance: contexts held until every rank has one, then
+    `batching_wait_iters`) (steps)."""
     poll_steps: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Decode steps between two looks of the scheduler for new requests, >= 1: SGLang's
     `--scheduler-recv-interval N` receives requests once every N decode steps
@@ -593,6 +597,7 @@ class Runtime(eqx.Module):
         check(self, {"step_overhead": NON_NEGATIVE, "seq_overhead": NON_NEGATIVE,
                      "stream_time": NON_NEGATIVE,
                      "request_overhead": NON_NEGATIVE, "admission_steps": NON_NEGATIVE,
+                     "dp_admission_steps": NON_NEGATIVE,
                      "prefill_request_time": NON_NEGATIVE,
                      "poll_steps": Range(low=1.0),
                      "activation_reserve": NON_NEGATIVE,

@@ -258,7 +258,8 @@ def _aggregated(model, chip, workload, design, layout, concurrency, sharpness, h
     poll_wait = jnp.zeros_like(plain.time) if every_step \
         else (rt.poll_steps - 1.0) * plain.time
     ttft_base = rt.request_overhead + rt.admission_steps * step + 0.5 * poll_wait \
-        + own_prefill
+        + own_prefill + branch(layout.dp_attention, lambda: rt.dp_admission_steps * step,
+                               lambda: jnp.zeros_like(step))
     # The requests that gathered between two looks are admitted together and queue behind
     # each other's prompts, `max_batched_tokens` a step: k = rate x (wait + k p) of them per
     # look (rate from the closed loop without this term), p one prompt's share of a

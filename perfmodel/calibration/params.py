@@ -77,6 +77,7 @@ FRAMEWORK_FIELDS = (
     # 5 us, assumed (one Python process detokenizing and streaming each token); the decode
     # instances running 1,000+ sequences identify it.
     ("stream_time", "log", 5e-6, 2.0),
+    ("dp_admission_steps", "log", 1.0, 2.0),
 )
 #: The framework fields that are not `design.Runtime` fields (`runtime_values`).
 SPECULATION_FIELDS = ("mtp_acceptance",)
