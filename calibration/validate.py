@@ -9,7 +9,8 @@ all of that chip's rows from its specs with its family's (or the fallback family
 parameters and the remaining frameworks' parameters.
 
 Reports median and 90th-percentile absolute percentage error (APE) of throughput per GPU,
-and median APE of median TPOT, TTFT and E2E, per (model, chip, framework) and overall.
+median TPOT and median TTFT, and median APE of median E2E, per (model, chip, framework) and
+overall, and which groups the held-out rows' worst tenth of TTFT errors come from.
 Writes `calibration/validation.md`, `calibration/validation.json`, the tables into
 `calibration/README.md` and `docs/parity.png` (predicted vs measured, log-log).
 
@@ -74,20 +75,58 @@ def summarize(table) -> list[dict]:
                               ("median_e2el_s", "e2e")):
             values = errors.get(metric, [])
             entry[f"{short}_median"] = float(np.median(values)) if values else float("nan")
+            entry[f"{short}_p90"] = float(np.percentile(values, 90)) if values else float("nan")
         lines.append(entry)
     return lines
+
+
+def ttft_tail(rows, predictions, fits) -> dict:
+    """The rows at or above the 90th percentile of TTFT error: count per (model, chip,
+    framework, attention DP, aggregated or disaggregated), under- and over-predicted."""
+    errors = [(row, predictions["median_ttft_s"][k] / row.measured["median_ttft_s"] - 1.0)
+              for row, k in rows if "median_ttft_s" in row.measured
+              and np.isfinite(predictions["median_ttft_s"][k]) and fits[k]]
+    if not errors:
+        return {"p90": float("nan"), "n": 0, "groups": []}
+    p90 = float(np.percentile([abs(e) for _, e in errors], 90))
+    groups = defaultdict(lambda: [0, 0])
+    for row, e in errors:
+        if abs(e) >= p90:
+            pool = row.layout or row.decode
+            key = (model_name(row.model), chip_key(row.hardware), row.framework,
+                   "DP" if pool is not None and pool.dp_attention else "-",
+                   "aggregated" if row.layout is not None else "disaggregated")
+            groups[key][int(e > 0)] += 1
+    ordered = sorted(groups.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
+    return {"p90": p90 * 100.0, "n": sum(sum(v) for v in groups.values()),
+            "groups": [{"model": k[0], "chip": k[1], "framework": k[2], "attention": k[3],
+                        "serving": k[4], "under": v[0], "over": v[1]} for k, v in ordered]}
+
+
+def tail_markdown(title: str, tail: dict) -> str:
+    text = [f"#### {title}", "",
+            f"The {tail['n']} rows at or above the 90th percentile of median-TTFT error "
+            f"({tail['p90']:.1f} %), per group (attention `DP`: data-parallel attention in "
+            "the row's pool, the decode pool when disaggregated):", "",
+            "| model | chip | framework | attention | serving | under-predicted | "
+            "over-predicted |", "| --- | --- | --- | --- | --- | ---: | ---: |"]
+    for g in tail["groups"]:
+        text.append(f"| {g['model']} | {g['chip']} | {g['framework']} | {g['attention']} | "
+                    f"{g['serving']} | {g['under']} | {g['over']} |")
+    return "\n".join(text) + "\n"
 
 
 def markdown(title: str, lines: list[dict]) -> str:
     text = [f"#### {title}", "",
             "| model | chip | framework | n | no fit | tput/GPU med | tput/GPU p90 | "
-            "TPOT med | TTFT med | E2E med |",
+            "TPOT med (p90) | TTFT med (p90) | E2E med |",
             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for e in lines:
         name = "**all**" if e["model"] == "all" else e["model"]
         text.append(f"| {name} | {e['chip']} | {e['framework']} | {e['n']} | {e['nofit']} | "
                     f"{e['tput_median']:.1f}% | {e['tput_p90']:.1f}% | "
-                    f"{e['tpot_median']:.1f}% | {e['ttft_median']:.1f}% | "
+                    f"{e['tpot_median']:.1f}% ({e['tpot_p90']:.1f}%) | "
+                    f"{e['ttft_median']:.1f}% ({e['ttft_p90']:.1f}%) | "
                     f"{e['e2e_median']:.1f}% |")
     return "\n".join(text) + "\n"
 
@@ -185,6 +224,7 @@ def main(argv=None):
     for name, subset in (("fitted", fitted), ("held-out 20%", held)):
         pairs = [(r, position[r.index]) for r in subset]
         report[name] = summarize(ape_table(pairs, preds, fits))
+        report[f"{name} TTFT tail"] = ttft_tail(pairs, preds, fits)
         sets[name] = (pairs, preds)
     for name, subset in (("TensorRT-LLM Offline fitted", fitted_trt),
                          ("TensorRT-LLM Offline held-out 20%", held_trt)):
@@ -238,6 +278,9 @@ def main(argv=None):
                                       "TensorRT-LLM Offline held-out 20%"), strict=True):
         if name in report:
             text.append(markdown(f"({letter}) {name}", report[name]))
+    if "held-out 20% TTFT tail" in report:
+        text.append(tail_markdown("Held-out 20%: the worst tenth of TTFT",
+                                  report["held-out 20% TTFT tail"]))
     if "loco_meta" in report:
         text.append("Leave-one-chip-out refits: " + "; ".join(
             f"{c}: {m['result']} after {m['steps']} steps, predicted with "

@@ -80,18 +80,19 @@ def with_prefill_attention(efficiency: dict) -> dict:
 
 
 def with_framework_terms(terms: dict) -> dict:
-    """A fitted framework's terms with `prefill_request_time` and `stream_time`: files
-    written before they were fitted fields were fitted without them, and keep being
-    predicted so (0 s, as `design.Runtime`'s defaults give `runtime_for`).
+    """A fitted framework's terms with `prefill_request_time`, `stream_time` and
+    `dp_admission_steps`: files written before they were fitted fields were fitted without
+    them, and keep being predicted so (0, as `design.Runtime`'s defaults give
+    `runtime_for`).
 
     Example:
         >>> t = with_framework_terms({"step_overhead": 1e-3})
-        >>> t["prefill_request_time"], t["stream_time"]
-        (0.0, 0.0)
+        >>> t["prefill_request_time"], t["stream_time"], t["dp_admission_steps"]
+        (0.0, 0.0, 0.0)
     """
     v = dict(terms)
-    v.setdefault("prefill_request_time", 0.0)
-    v.setdefault("stream_time", 0.0)
+    for name in ("prefill_request_time", "stream_time", "dp_admission_steps"):
+        v.setdefault(name, 0.0)
     return v
 
 

@@ -700,3 +700,27 @@ def test_attention_math_follows_the_engines_rule(chip_name, model_name, kv, expe
             table[i], pm.precision(chip, model, kv=fmt).attention_compute, err_msg=fmt)
     with pytest.raises(ValueError, match="auto"):
         pm.precision(chip, model, attention="fp4")
+
+
+@pytest.mark.parametrize("dp_attention", [True, False])
+def test_dp_admission_wait_applies_under_attention_dp_only(dp_attention):
+    """`Runtime.dp_admission_steps` is an admission wait of the aggregated engine that only
+    data-parallel attention pays: under DP attention two of its steps move the TTFT exactly as
+    two more `admission_steps` do (and leave the TPOT); without DP attention it does nothing."""
+    chip, model = pm.get_chip("b200"), pm.get_model("gpt-oss-120b")
+    w = pm.Workload(1024.0, 1024.0)
+    base = pm.Design(concurrency=8.0, layout=pm.Layout(tp=4, ep=4, dp_attention=dp_attention),
+                     precision=pm.precision(chip, model, "fp4"))
+
+    def run(**values):
+        design = eqx.tree_at(lambda d: d.runtime, base, eqx.tree_at(
+            lambda r: [getattr(r, n) for n in values], base.runtime, list(values.values())))
+        return pm.predict(model, chip, w, design, hard=True)
+
+    plain, dp, admit = run(), run(dp_admission_steps=2.0), run(admission_steps=2.5)
+    assert float(dp.tpot) == pytest.approx(float(plain.tpot), rel=1e-9)
+    if dp_attention:
+        assert float(dp.ttft) > float(plain.ttft)
+        assert float(dp.ttft) == pytest.approx(float(admit.ttft), rel=1e-9)
+    else:
+        assert float(dp.ttft) == pytest.approx(float(plain.ttft), rel=1e-12)

@@ -107,6 +107,7 @@ FIELDS = {
         "step_overhead": (0, math.inf, False, False), "seq_overhead": (0, math.inf, False, False),
         "request_overhead": (0, math.inf, False, False),
         "admission_steps": (0, math.inf, False, False),
+        "dp_admission_steps": (0, math.inf, False, False),
         "poll_steps": (1, math.inf, False, False), "stream_time": (0, math.inf, False, False),
         "activation_reserve": (0, math.inf, False, False),
         "max_batched_tokens": (1, math.inf, False, False),
