@@ -5,7 +5,7 @@ Two fits write versioned JSON files into `perfmodel/data/`:
 - `fitted_params.json`, the latency fit (`calibration/fit.py`): per chip family the
   `Efficiency` fields and the scale-up collective terms; per serving framework the fitted
   `Runtime` terms (`step_overhead`, `request_overhead`, `admission_steps`,
-  `prefill_request_time`, `stream_time`) and documented
+  `prefill_request_time`, `stream_time`, `dp_admission_steps`) and documented
   settings; `family_fallback` and `framework_fallback` maps for the families and
   frameworks it had no data for.
 - `fitted_power.json`, the power fit (`calibration/power/fit.py`): per measured family the
