@@ -562,15 +562,17 @@ class Runtime(eqx.Module):
     deployment, the decode steps a request waits, once its KV cache has arrived, to join the
     decode batch, whose instance streams its first token (steps)."""
     dp_admission_steps: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
-    """Further engine steps a new request waits before its prefill when attention runs
-    data-parallel (`Layout.dp_attention`), on top of `admission_steps`; 0 elsewhere.
+    """Further engine steps a new request waits before its prefill in an aggregated
+    deployment whose attention runs data-parallel (`Layout.dp_attention`), on top of
+    `admission_steps`; not paid without DP attention, nor by a disaggregated deployment
+    (whose decode-side wait is `admission_steps`).
     TensorRT-LLM's attention-DP balancing (`AttentionDpConfig`: `enable_balance`,
     `timeout_iters`, `batching_wait_iters`; NVIDIA/TensorRT-LLM
     tensorrt_llm/llmapi/llm_args.py, applied in `PyExecutor._balance_adp_requests`) holds
     new contexts until every DP rank has one, or `timeout_iters` steps pass, then waits up
     to `batching_wait_iters` steps to batch them, so that no rank runs a prefill alone.
-    Fitted per framework (`calibration/fit.py`): InferenceMAX's TensorRT-LLM rows with DP
-    attention wait 16-41 steps to their first token against 4-13 without (steps)."""
+    Fitted per framework (`calibration/fit.py`; TensorRT-LLM's InferenceMAX rows fit 16.8
+    steps, calibration/README.md, "The TTFT tail") (steps)."""
     poll_steps: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Decode steps between two looks of the scheduler for new requests, >= 1: SGLang's
     `--scheduler-recv-interval N` receives requests once every N decode steps

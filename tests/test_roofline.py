@@ -717,7 +717,8 @@ def test_dp_admission_wait_applies_under_attention_dp_only(dp_attention):
             lambda r: [getattr(r, n) for n in values], base.runtime, list(values.values())))
         return pm.predict(model, chip, w, design, hard=True)
 
-    plain, dp, admit = run(), run(dp_admission_steps=2.0), run(admission_steps=2.5)
+    plain, dp = run(), run(dp_admission_steps=2.0)
+    admit = run(admission_steps=float(base.runtime.admission_steps) + 2.0)
     assert float(dp.tpot) == pytest.approx(float(plain.tpot), rel=1e-9)
     if dp_attention:
         assert float(dp.ttft) > float(plain.ttft)

@@ -79,8 +79,8 @@ FRAMEWORK_FIELDS = (
     ("stream_time", "log", 5e-6, 2.0),
     # The further admission wait under attention DP (`design.Runtime.dp_admission_steps`):
     # a wide prior around 1 step, assumed (TensorRT-LLM's balancing defaults are not read
-    # from the InferenceMAX configurations); frameworks with DP-attention rows identify it,
-    # the others keep the prior.
+    # from the InferenceMAX configurations); frameworks with aggregated DP-attention rows
+    # identify it, the others keep the prior.
     ("dp_admission_steps", "log", 1.0, 2.0),
 )
 #: The framework fields that are not `design.Runtime` fields (`runtime_values`).
