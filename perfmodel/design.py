@@ -573,6 +573,12 @@ class Runtime(eqx.Module):
     to `batching_wait_iters` steps to batch them, so that no rank runs a prefill alone.
     Fitted per framework (`calibration/fit.py`; TensorRT-LLM's InferenceMAX rows fit 16.8
     steps, calibration/README.md, "The TTFT tail") (steps)."""
+    dp_sync_time: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """Host time per engine step per other attention-DP rank: under attention DP every rank
+    exchanges its batch's shape with all the others before each step (SGLang's
+    `prepare_mlp_sync_batch`, an all-gather over the CPU process group; TensorRT-LLM's
+    all-gather of each rank's requests for its attention-DP balance), a ring of dp - 1 hops,
+    paid in every step (`roofline.step_cost`) (s)."""
     poll_steps: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Decode steps between two looks of the scheduler for new requests, >= 1: SGLang's
     `--scheduler-recv-interval N` receives requests once every N decode steps
@@ -606,6 +612,7 @@ class Runtime(eqx.Module):
                      "stream_time": NON_NEGATIVE,
                      "request_overhead": NON_NEGATIVE, "admission_steps": NON_NEGATIVE,
                      "dp_admission_steps": NON_NEGATIVE,
+                     "dp_sync_time": NON_NEGATIVE,
                      "prefill_request_time": NON_NEGATIVE,
                      "poll_steps": Range(low=1.0),
                      "activation_reserve": NON_NEGATIVE,

@@ -541,7 +541,10 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     busy = operators_time + comm
     serial = busy + runtime.step_overhead \
         + runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float) \
-        + runtime.prefill_request_time * jnp.asarray(prefill_seqs, dtype=float)
+        + runtime.prefill_request_time * jnp.asarray(prefill_seqs, dtype=float) \
+        + runtime.dp_sync_time * branch(layout.dp_attention,
+                                        lambda: jnp.asarray(layout.tp, dtype=float) - 1.0,
+                                        lambda: jnp.zeros(()))
     # The streaming process (one per instance, DP attention or not) works beside the GPU:
     # it bounds the step, it does not add to it.
     total = smooth_max(serial, runtime.stream_time * jnp.asarray(decode_seqs, dtype=float),

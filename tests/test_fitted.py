@@ -114,12 +114,13 @@ def test_follow_stops_on_cycles():
 
 
 @pytest.mark.parametrize("field", ["prefill_request_time", "stream_time",
-                                   "dp_admission_steps"])
+                                   "dp_admission_steps", "dp_sync_time"])
 def test_a_file_fitted_without_a_later_framework_term_predicts_without_it(field):
     """Both readers of a latency file written before `prefill_request_time`,
-    `stream_time` or `dp_admission_steps` were fitted (the shipped file of an earlier fit,
-    `tests/data/reference_fit`) give the term as it was fitted, zero: `runtime_for` through
-    `Runtime`'s default, `params.from_json` through `fitted.with_framework_terms`."""
+    `stream_time`, `dp_admission_steps` or `dp_sync_time` were fitted (the shipped file of
+    an earlier fit, `tests/data/reference_fit`) give the term as it was fitted, zero:
+    `runtime_for` through `Runtime`'s default, `params.from_json` through
+    `fitted.with_framework_terms`."""
     from perfmodel.calibration.params import from_json
 
     old = {"frameworks": {"vllm": {"step_overhead": 2e-3, "request_overhead": 0.01}}}

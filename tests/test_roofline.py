@@ -725,3 +725,25 @@ def test_dp_admission_wait_applies_under_attention_dp_only(dp_attention):
         assert float(dp.ttft) == pytest.approx(float(admit.ttft), rel=1e-9)
     else:
         assert float(dp.ttft) == pytest.approx(float(plain.ttft), rel=1e-12)
+
+
+@pytest.mark.parametrize("tp, dp_attention", [(8, True), (2, True), (1, True), (8, False)])
+def test_dp_sync_is_paid_per_other_attention_dp_rank(tp, dp_attention):
+    """`Runtime.dp_sync_time` is host time of every engine step per other attention-DP rank
+    (the per-step exchange of batch shapes): a step of a DP-attention layout of `tp` ranks
+    lasts exactly (tp - 1) x dp_sync_time longer, in decode and in prefill steps alike, and
+    the work (FLOP, bytes) is unchanged; without DP attention it costs nothing."""
+    chip, model = pm.get_chip("gb200"), pm.get_model("deepseek-r1")
+    layout = pm.Layout(tp=tp, ep=tp, dp_attention=dp_attention)
+    base = pm.Design(concurrency=64.0, layout=layout, precision=pm.precision(chip, model,
+                                                                             "fp8"))
+    synced = eqx.tree_at(lambda d: d.runtime.dp_sync_time, base, 1.5e-4)
+    for step in (dict(decode_seqs=64.0 * tp, decode_context=2048.0),
+                 dict(decode_seqs=0.0, decode_context=0.0, prefill_tokens=8192.0,
+                      prefill_context=4096.0, prefill_seqs=2.0)):
+        plain, slow = (roofline.step_cost(model, chip, d, layout, hard=True, **step)
+                       for d in (base, synced))
+        extra = 1.5e-4 * (tp - 1) if dp_attention else 0.0
+        assert float(slow.time) - float(plain.time) == pytest.approx(extra, rel=1e-9, abs=1e-15)
+        assert float(slow.flops) == float(plain.flops)
+        assert float(slow.hbm_bytes) == float(plain.hbm_bytes)

@@ -108,6 +108,7 @@ FIELDS = {
         "request_overhead": (0, math.inf, False, False),
         "admission_steps": (0, math.inf, False, False),
         "dp_admission_steps": (0, math.inf, False, False),
+        "dp_sync_time": (0, math.inf, False, False),
         "poll_steps": (1, math.inf, False, False), "stream_time": (0, math.inf, False, False),
         "activation_reserve": (0, math.inf, False, False),
         "max_batched_tokens": (1, math.inf, False, False),

@@ -82,6 +82,11 @@ FRAMEWORK_FIELDS = (
     # from the InferenceMAX configurations); frameworks with aggregated DP-attention rows
     # identify it, the others keep the prior.
     ("dp_admission_steps", "log", 1.0, 2.0),
+    # The per-step exchange of batch shapes between attention-DP ranks
+    # (`design.Runtime.dp_sync_time`, per other rank): a wide prior around 20 us a hop,
+    # assumed (a small all-gather over a CPU process group); frameworks with DP-attention
+    # rows at several DP sizes identify it, the others keep the prior.
+    ("dp_sync_time", "log", 2e-5, 2.0),
 )
 #: The framework fields that are not `design.Runtime` fields (`runtime_values`).
 SPECULATION_FIELDS = ("mtp_acceptance",)
