@@ -577,8 +577,9 @@ class Runtime(eqx.Module):
     """Host time per engine step per other attention-DP rank: under attention DP every rank
     exchanges its batch's shape with all the others before each step (SGLang's
     `prepare_mlp_sync_batch`, an all-gather over the CPU process group; TensorRT-LLM's
-    all-gather of each rank's requests for its attention-DP balance), a ring of dp - 1 hops,
-    paid in every step (`roofline.step_cost`) (s)."""
+    `PyExecutor`, `tp_allgather` of each rank's request counts every iteration), a ring of
+    dp - 1 hops, paid in every step (`roofline.step_cost`; fitted per framework,
+    `calibration/README.md`) (s)."""
     poll_steps: jnp.ndarray = eqx.field(converter=as_number, default=1.0)
     """Decode steps between two looks of the scheduler for new requests, >= 1: SGLang's
     `--scheduler-recv-interval N` receives requests once every N decode steps
