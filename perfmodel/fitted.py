@@ -79,6 +79,12 @@ def with_prefill_attention(efficiency: dict) -> dict:
     return v
 
 
+#: Fitted framework terms added after the first fits: a file without one was fitted without
+#: it and reads it as 0 (`with_framework_terms`).
+LATER_FRAMEWORK_TERMS = ("prefill_request_time", "stream_time", "dp_admission_steps",
+                         "dp_sync_time")
+
+
 def with_framework_terms(terms: dict) -> dict:
     """A fitted framework's terms with `prefill_request_time`, `stream_time`,
     `dp_admission_steps` and `dp_sync_time`: files written before they were fitted fields
@@ -93,7 +99,7 @@ def with_framework_terms(terms: dict) -> dict:
         0.0
     """
     v = dict(terms)
-    for name in ("prefill_request_time", "stream_time", "dp_admission_steps", "dp_sync_time"):
+    for name in LATER_FRAMEWORK_TERMS:
         v.setdefault(name, 0.0)
     return v
 

@@ -487,8 +487,10 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     ops = operators(model, chip, design, layout, decode_seqs, decode_context,
                     prefill_tokens, prefill_context, prefill_seqs)
     chip = attention_kernels(model, chip)
-    seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / branch(
-        layout.dp_attention, lambda: layout.tp, lambda: 1)
+    # Attention-DP ranks: the chips that split the sequences (1 without DP attention).
+    dp_ranks = jnp.asarray(branch(layout.dp_attention, lambda: layout.tp, lambda: 1),
+                           dtype=float)
+    seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / dp_ranks
     runtime = design.runtime
     # Each class's peak under the format ceiling, once for all of the step's operators.
     class_peaks = chip.efficiency.class_peaks(chip.peak_flops)
@@ -542,9 +544,7 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     serial = busy + runtime.step_overhead \
         + runtime.seq_overhead * jnp.asarray(decode_seqs, dtype=float) \
         + runtime.prefill_request_time * jnp.asarray(prefill_seqs, dtype=float) \
-        + runtime.dp_sync_time * branch(layout.dp_attention,
-                                        lambda: jnp.asarray(layout.tp, dtype=float) - 1.0,
-                                        lambda: jnp.zeros(()))
+        + runtime.dp_sync_time * (dp_ranks - 1.0)
     # The streaming process (one per instance, DP attention or not) works beside the GPU:
     # it bounds the step, it does not add to it.
     total = smooth_max(serial, runtime.stream_time * jnp.asarray(decode_seqs, dtype=float),
