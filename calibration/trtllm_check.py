@@ -16,6 +16,11 @@ with (`engine_limits`, the same rules assumed for v0.17; `--no-engine-limits` pr
 figures without them and writes nothing unless given `--json`). Nothing here is fitted and
 no measured column is read before the comparison.
 
+Beside the tables, the five DeepSeek-R1 runs of TensorRT-LLM's best-practice blog (the same
+data file; `load_blog_rows`, `predict_blog_row`): two min-latency runs (one request, MTP)
+and three max-throughput runs (DP attention, thousands of requests), each predicted at its
+own concurrency, layout and formats.
+
 `bench_rows` gives the same rows as fit rows (`datasets.BenchRow`), which
 `python calibration/validate.py --trtllm` adds to every fit as an experiment (not the
 shipped fit; calibration/README.md).
@@ -28,6 +33,7 @@ import csv
 import json
 import math
 import pathlib
+import re
 import sys
 import time
 
@@ -40,9 +46,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from perfmodel import datasets, fitted, mlperf  # noqa: E402
-from perfmodel.design import Design, Layout, SliceMapping, precision  # noqa: E402
+from perfmodel.design import Design, Layout, SliceMapping, SpecDecode, precision  # noqa: E402
 from perfmodel.formats import COMPUTE_CLASSES  # noqa: E402
 from perfmodel.presets import get_chip, get_model  # noqa: E402
+from perfmodel.serving import predict  # noqa: E402
 from perfmodel.sweep import batch_that_fits  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -226,6 +233,69 @@ def predict_row(row: dict, engine: bool = True, attention_max: float | None = No
     return {"predicted": float(out[k]), "batch": float(grid[k]), "error": ""}
 
 
+#: The DeepSeek-R1 runs of TensorRT-LLM's best-practice blog (`data/benchmarks_trtllm.csv`,
+#: table "deepseek_r1_blog"): one system of 8 GPUs each, fixed 1K / 2K lengths, a stated
+#: concurrency (trtllm-bench's closed loop), layout and formats. Never fitted.
+BLOG_CHIPS = {"B200": "b200", "H200": "h200"}
+
+
+def load_blog_rows(path=DATA / "benchmarks_trtllm.csv") -> list[dict]:
+    """The blog's rows with their configuration read from the row's own columns: weights
+    FP4 where the precision names FP4 (else FP8), an FP8 KV cache where it names one,
+    attention DP where it says so, MTP draft tokens from "MTP k layers", the concurrency
+    from "concurrency N"; measured output tokens/s of the system."""
+    out = []
+    with open(path, newline="") as handle:
+        for line, raw in enumerate(csv.DictReader(handle), start=2):
+            if raw["doc_version"] != "DeepSeek-R1 best-practice blog":
+                continue
+            text = raw["precision"]
+            mtp = re.search(r"MTP (\d+) layers", text)
+            out.append(dict(
+                line=line, label=raw["table"].split(":", 1)[1], model="deepseek-r1",
+                chip=BLOG_CHIPS[raw["hardware"]], gpus=int(raw["num_gpus"]),
+                tp=int(raw["tp"]), ep=int(raw["ep"]),
+                weights="fp4" if "FP4" in text else "fp8",
+                kv="fp8" if "FP8 KV" in text else "bf16",
+                dp_attention="attention DP" in text,
+                draft=float(mtp.group(1)) if mtp else 0.0,
+                concurrency=float(re.search(r"concurrency (\d+)",
+                                            raw["concurrency_or_qps"]).group(1)),
+                isl=float(raw["isl"]), osl=float(raw["osl"]),
+                measured=float(raw["output_tok_s"])))
+    return out
+
+
+def predict_blog_row(row: dict) -> dict:
+    """Output tokens/s of the system and per user at the row's concurrency (steady state of
+    the closed loop), TensorRT-LLM's fitted runtime and MTP acceptance, the row's layout
+    and formats."""
+    model, chip = get_model(row["model"]), get_chip(row["chip"])
+    runtime = fitted.runtime_for("trtllm-bench")
+    spec = SpecDecode(draft_tokens=row["draft"],
+                      acceptance=fitted.mtp_acceptance("trtllm-bench"))
+    design = Design(concurrency=row["concurrency"],
+                    layout=Layout(tp=row["tp"], ep=row["ep"],
+                                  dp_attention=row["dp_attention"]),
+                    precision=precision(chip, model, row["weights"], kv=row["kv"]),
+                    runtime=runtime, speculative=spec)
+    m = predict(model, chip, mlperf.fixed_lengths(row["isl"], row["osl"]), design)
+    system = float(m.output_throughput_per_chip) * row["gpus"]
+    return {"predicted": system, "ratio": system / row["measured"],
+            "fits": bool(m.fits), "tpot_ms": 1e3 * float(m.tpot)}
+
+
+def blog_table(rows: list[dict]) -> str:
+    lines = ["| run | layout | formats (weights / KV) | MTP | concurrency | measured | "
+             "predicted | ratio |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        layout = f"tp{r['tp']} ep{r['ep']}" + (" DP attention" if r["dp_attention"] else "")
+        lines.append(f"| {r['chip'].upper()} {r['label'].split(' ', 1)[1]} | {layout} | "
+                     f"{r['weights']} / {r['kv']} | {r['draft']:g} | {r['concurrency']:g} | "
+                     f"{r['measured']:,.0f} | {r['predicted']:,.0f} | {r['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
 def summarize(rows: list[dict]) -> dict:
     """Median ratio and median |error| overall, per table, per (table, chip) and per
     (table, model, chip, precision)."""
@@ -374,6 +444,8 @@ def main(argv=None) -> int:
     limits = ("within trtllm-bench's engine limits (`engine_limits`)" if engine
               else "batches up to what fits, no engine limits")
     ratios = [r[-1] for r in metric_check(rows)]
+    blog = [dict(r, **predict_blog_row(r)) for r in load_blog_rows()]
+    blog_ratios = sorted(r["ratio"] for r in blog)
     text = (f"TensorRT-LLM perf-overview Offline rows (~v1.0 and v0.17), shipped fit, never "
             f"fitted (`python calibration/trtllm_check.py`, {time.time() - start:.0f} s), "
             + (f"every attention kernel's efficiency set to {args.attention_max:g} (an "
@@ -387,12 +459,18 @@ def main(argv=None) -> int:
             f"`benchmarks_aic_gemm.csv`, the latency fit's op-level data): "
             f"{gemm_fractions()}.\n\nNarrow formats' time over BF16's at the same large GEMM "
             f"shapes (m >= 4096, n, k >= 8192), measured and as the shipped fit predicts it: "
-            f"{gemm_ratios()}.\n\n![TensorRT-LLM Offline parity](../docs/trtllm_offline.png)")
+            f"{gemm_ratios()}.\n\n![TensorRT-LLM Offline parity](../docs/trtllm_offline.png)"
+            f"\n\nDeepSeek-R1 on one 8-GPU node, the five runs of TensorRT-LLM's "
+            f"best-practice blog (`load_blog_rows`: 1K / 2K tokens, each run's concurrency, "
+            f"layout, formats and MTP draft length from its own row; TensorRT-LLM's fitted "
+            f"runtime and MTP acceptance; never fitted): output tokens/s of the system, "
+            f"predicted over published {blog_ratios[0]:.2f}-{blog_ratios[-1]:.2f}x.\n\n"
+            f"{blog_table(blog)}")
     print(text)
     out = args.json or (HERE / "trtllm_check.json" if engine and not experiment else None)
     if out is not None:
-        out.write_text(json.dumps({"summary": summary, "rows": rows, "engine_limits": engine},
-                                  indent=1))
+        out.write_text(json.dumps({"summary": summary, "rows": rows, "engine_limits": engine,
+                                   "deepseek_blog": blog}, indent=1))
     if not args.no_readme and engine and not experiment:
         plot(rows, HERE.parent / "docs" / "trtllm_offline.png")
         sys.path.insert(0, str(HERE))

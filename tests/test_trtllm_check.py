@@ -42,6 +42,26 @@ def test_the_v017_table_counts_output_tokens():
     assert max((isl + osl) / osl for _, _, isl, osl, _ in checks) > 10
 
 
+def test_the_deepseek_blog_rows_carry_their_published_configuration():
+    """The five DeepSeek-R1 runs of TensorRT-LLM's best-practice blog, each configuration
+    read from its own row: the B200 FP8-KV max-throughput run is DP8 attention with EP8,
+    FP4 weights and an FP8 cache at 7,168 requests; the min-latency runs are one request
+    with three MTP draft tokens; nothing else in the data file is taken."""
+    rows = {r["label"]: r for r in trtllm_check.load_blog_rows()}
+    assert len(rows) == 5
+    fp8 = rows["B200 max-throughput R1-0528 FP8 KV"]
+    assert (fp8["chip"], fp8["tp"], fp8["ep"], fp8["dp_attention"], fp8["weights"],
+            fp8["kv"], fp8["draft"], fp8["concurrency"]) == ("b200", 8, 8, True, "fp4",
+                                                              "fp8", 0.0, 7168.0)
+    assert fp8["measured"] == pytest.approx(43146.2042)
+    assert rows["B200 max-throughput R1 FP16 KV"]["kv"] == "bf16"
+    for label in ("B200 min-latency", "H200 min-latency"):
+        r = rows[label]
+        assert (r["concurrency"], r["draft"], r["dp_attention"]) == (1.0, 3.0, False)
+    assert rows["H200 min-latency"]["weights"] == "fp8"
+    assert {(r["isl"], r["osl"], r["gpus"]) for r in rows.values()} == {(1024.0, 2048.0, 8)}
+
+
 def test_gemm_fractions_are_below_peak_and_narrow_formats_reach_less():
     text = trtllm_check.gemm_fractions()
     spans = {" ".join(p.split()[:2]): tuple(map(float, p.split()[2].split("-")))
@@ -160,3 +180,15 @@ def test_the_fit_path_reads_a_rows_lengths_budget_and_kv_format():
     alone = dataclasses.replace(row, conc=1.0)
     assert via_fit(dataclasses.replace(alone, max_batched_tokens=512.0), "median_ttft_s") \
         > 1.01 * via_fit(alone, "median_ttft_s")
+
+
+@pytest.mark.slow   # compiles the serving model for five structures
+def test_the_deepseek_blog_runs_are_predicted_at_their_own_configuration():
+    """Each blog run predicted at its own concurrency fits in memory with a finite output
+    rate, and a max-throughput run's system output is above a min-latency run's."""
+    rows = {r["label"]: dict(r, **trtllm_check.predict_blog_row(r))
+            for r in trtllm_check.load_blog_rows()}
+    assert all(r["fits"] and math.isfinite(r["predicted"]) and r["predicted"] > 0
+               for r in rows.values())
+    assert rows["B200 max-throughput R1 FP16 KV"]["predicted"] \
+        > 50 * rows["B200 min-latency"]["predicted"]
