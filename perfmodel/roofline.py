@@ -181,7 +181,16 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
                             kernels=jnp.asarray(kernels, dtype=float),
                             fabric_rows=jnp.asarray(fabric_rows, dtype=float)))
 
-    op("qkv_proj", L * qkv_flops, qkv_weights, attn_tokens, prec.weight_compute, 2 * L,
+    # Kernels per layer: a GQA projection and its RoPE; the absorbed MLA path runs the
+    # down-projection (q_a and kv_a fused), the q and kv RMSNorms, q_b and the batched
+    # q_nope x W_UK product before attention, and the batched W_UV product before o_proj
+    # (DeepSeek-V2, arXiv 2405.04434, sec. 2.1.2 "absorb"; each its own kernel in
+    # TensorRT-LLM, its tech blog 3 on DeepSeek-R1 throughput, and in SGLang's
+    # `forward_absorb`; calibration/README.md, "Kernel launches of the absorbed MLA").
+    mla = model.attention == "mla"
+    qkv_kernels = (5 if mla and model.q_lora_rank else 4 if mla else 2) * L
+    out_kernels = (2 if mla else 1) * L
+    op("qkv_proj", L * qkv_flops, qkv_weights, attn_tokens, prec.weight_compute, qkv_kernels,
        act_features=L * (D + (N + 2 * K) * H * heads / N), fabric_rows=L * attn_tokens)
     # Decode and prompt attention are different kernels with their own ceilings
     # (`attention_kernels`); the cache traffic and the per-layer launches stay with
@@ -192,7 +201,7 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
        0.0)
     op("out_proj", L * 2.0 * attn_tokens * out_params * heads / N,
        L * out_params * attn_weight_share * prec.weight_bytes, attn_tokens,
-       prec.weight_compute, L, act_features=L * 2 * D, fabric_rows=L * attn_tokens)
+       prec.weight_compute, out_kernels, act_features=L * 2 * D, fabric_rows=L * attn_tokens)
 
     # Feed-forward: routed experts, shared experts and dense layers.
     n_moe, n_dense = float(model.num_moe_layers), float(model.num_dense_layers)

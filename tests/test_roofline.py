@@ -747,3 +747,20 @@ def test_dp_sync_is_paid_per_other_attention_dp_rank(tp, dp_attention):
         assert float(slow.time) - float(plain.time) == pytest.approx(extra, rel=1e-9, abs=1e-15)
         assert float(slow.flops) == float(plain.flops)
         assert float(slow.hbm_bytes) == float(plain.hbm_bytes)
+
+
+@pytest.mark.parametrize("model_name, per_layer", [("deepseek-r1", 8), ("kimi-k2.5", 8),
+                                                   ("llama-3.1-8b", 4),
+                                                   ("gpt-oss-120b", 4)])
+def test_absorbed_mla_launches_more_kernels_per_layer_than_gqa(model_name, per_layer):
+    """Kernel launches of the attention side per layer: a GQA layer runs its projection,
+    RoPE, attention and output projection (4); the absorbed MLA decode (DeepSeek-V2 sec.
+    2.1.2) runs the fused q_a / kv_a down-projection, the q and kv RMSNorms, q_b and the
+    batched W_UK product before attention and the batched W_UV product before o_proj (8).
+    Counts, not flops: the work of each operator is unchanged."""
+    chip, model = pm.get_chip("b200"), pm.get_model(model_name)
+    layout = pm.Layout(tp=8)
+    design = pm.Design(concurrency=1.0, layout=layout, precision=pm.precision(chip, model))
+    ops = {op.name: op for op in roofline.operators(model, chip, design, layout, 1.0, 1024.0)}
+    kernels = sum(float(ops[n].kernels) for n in ("qkv_proj", "attention", "out_proj"))
+    assert kernels == per_layer * model.num_layers

@@ -332,7 +332,7 @@ def test_replay_of_the_measured_vllm_run_on_the_rtx_4090():
 @pytest.mark.xfail(strict=True, reason="known miss (README, serving simulator): the RTX PRO "
                    "6000 takes the B200/GB200 fit, whose BF16 matmul efficiency (0.73 of "
                    "peak, as B200's GEMMs reach) this GB202 workstation part does not; "
-                   "TTFT 24-34 % and E2E 15-30 % short")
+                   "TTFT 25-34 % and E2E 15-30 % short")
 def test_replay_of_the_measured_vllm_runs_on_the_rtx_pro_6000():
     outs = _replayed("RTXPRO6000")
     assert len(outs) == 2

@@ -12,7 +12,7 @@ DeepSeek-R1 and Kimi-K2.5) on NVL72 GPUs:
   one NVL72 domain (`chip.domain_size`), so the KV hand-off runs over NVLink;
 - MTP speculative decoding where the model has an MTP head (`Model.mtp_layers`): draft
   lengths `MTP_DRAFTS` at the per-token acceptance the calibration fits for the same rows
-  (`fitted.mtp_acceptance("dynamo-trt")`: 0.49 on InferenceMAX's random-token prompts,
+  (`fitted.mtp_acceptance("dynamo-trt")`: 0.54 on InferenceMAX's random-token prompts,
   against the prior `datasets.MTP_ACCEPTANCE` 0.7 from the DeepSeek-V3 technical report,
   arXiv:2412.19437 section 5.4.3, 85-90 % for the second token on real text), and
   without it;
