@@ -266,14 +266,16 @@ def load_blog_rows(path=DATA / "benchmarks_trtllm.csv") -> list[dict]:
     return out
 
 
-def predict_blog_row(row: dict) -> dict:
-    """Output tokens/s of the system and per user at the row's concurrency (steady state of
-    the closed loop), TensorRT-LLM's fitted runtime and MTP acceptance, the row's layout
-    and formats."""
+def predict_blog_row(row: dict, mtp_acceptance: float | None = None) -> dict:
+    """Output tokens/s of the system at the row's concurrency (steady state of the closed
+    loop), with its ratio to the published one, whether it fits and the TPOT (ms):
+    TensorRT-LLM's fitted runtime, the row's layout and formats, and TensorRT-LLM's fitted
+    MTP acceptance, or `mtp_acceptance` where given (an experiment)."""
     model, chip = get_model(row["model"]), get_chip(row["chip"])
     runtime = fitted.runtime_for("trtllm-bench")
-    spec = SpecDecode(draft_tokens=row["draft"],
-                      acceptance=fitted.mtp_acceptance("trtllm-bench"))
+    acceptance = fitted.mtp_acceptance("trtllm-bench") if mtp_acceptance is None \
+        else mtp_acceptance
+    spec = SpecDecode(draft_tokens=row["draft"], acceptance=acceptance)
     design = Design(concurrency=row["concurrency"],
                     layout=Layout(tp=row["tp"], ep=row["ep"],
                                   dp_attention=row["dp_attention"]),
@@ -433,23 +435,28 @@ def main(argv=None) -> int:
                              "(`hardware.Efficiency.attention_max`, `prefill_attention_max` and "
                              "`full_attention_max`) "
                              "set to FRACTION; prints, and writes only to --json")
+    parser.add_argument("--blog-mtp-acceptance", type=float, default=None, metavar="FRACTION",
+                        help="an experiment: the DeepSeek-R1 blog runs' per-token MTP "
+                             "acceptance set to FRACTION (default TensorRT-LLM's fitted one); "
+                             "prints, and writes only to --json")
     parser.add_argument("--no-readme", action="store_true",
                         help="print the table without rewriting calibration/README.md")
     args = parser.parse_args(argv)
     start = time.time()
     engine = not args.no_engine_limits
-    experiment = args.attention_max is not None
+    experiment = args.attention_max is not None or args.blog_mtp_acceptance is not None
     rows = [dict(r, **predict_row(r, engine, args.attention_max)) for r in load_rows()]
     summary = summarize(rows)
     limits = ("within trtllm-bench's engine limits (`engine_limits`)" if engine
               else "batches up to what fits, no engine limits")
     ratios = [r[-1] for r in metric_check(rows)]
-    blog = [dict(r, **predict_blog_row(r)) for r in load_blog_rows()]
+    blog = [dict(r, **predict_blog_row(r, args.blog_mtp_acceptance)) for r in load_blog_rows()]
     blog_ratios = sorted(r["ratio"] for r in blog)
     text = (f"TensorRT-LLM perf-overview Offline rows (~v1.0 and v0.17), shipped fit, never "
             f"fitted (`python calibration/trtllm_check.py`, {time.time() - start:.0f} s), "
             + (f"every attention kernel's efficiency set to {args.attention_max:g} (an "
-               f"experiment, `--attention-max`), " if experiment else "") +
+               f"experiment, `--attention-max`), " if args.attention_max is not None
+               else "") +
             f"{limits}: output tokens/s per GPU, predicted over measured, {len(rows)} rows "
             f"({summary['not_predicted']} not predicted). The v0.17 table counts output "
             f"tokens: at the {len(ratios)} H100 configurations both tables hold it reads "
@@ -463,7 +470,11 @@ def main(argv=None) -> int:
             f"\n\nDeepSeek-R1 on one 8-GPU node, the five runs of TensorRT-LLM's "
             f"best-practice blog (`load_blog_rows`: 1K / 2K tokens, each run's concurrency, "
             f"layout, formats and MTP draft length from its own row; TensorRT-LLM's fitted "
-            f"runtime and MTP acceptance; never fitted): output tokens/s of the system, "
+            f"runtime and "
+            + (f"an MTP acceptance of {args.blog_mtp_acceptance:g} (an experiment, "
+               f"`--blog-mtp-acceptance`)" if args.blog_mtp_acceptance is not None
+               else "MTP acceptance")
+            + f"; never fitted): output tokens/s of the system, "
             f"predicted over published {blog_ratios[0]:.2f}-{blog_ratios[-1]:.2f}x.\n\n"
             f"{blog_table(blog)}")
     print(text)
