@@ -63,8 +63,9 @@ def test_partitioned_kv_idles_slices_at_low_batch():
 @pytest.mark.slow
 def test_slow_fabric_moves_state_to_local_slices():
     """With a slow slice fabric (1/16 of HBM bandwidth), the optimizer moves KV and weights off
-    the interleaved placement (partitioned-local; replicated weights do not fit DeepSeek-R1)
-    and gains throughput over the best all-interleaved design."""
+    the interleaved placement to local ones (partitioned, or for the KV cache replicated where
+    the batch is small enough for a copy per slice; replicated weights do not fit
+    DeepSeek-R1) and gains throughput over the best all-interleaved design."""
     base = pm.get_chip("jalapeno")
     slow = eqx.tree_at(lambda c: c.slice_bandwidth, base, base.hbm_bandwidth / 16)
     # Lift the 700 W cap (as above): under the fitted energy figures the preset is
@@ -81,7 +82,9 @@ def test_slow_fabric_moves_state_to_local_slices():
     result = ps.optimize(model, slow, workload, free, tgt, steps=120, blocks=4)
     assert result.feasible
     placed = result.design["placements"]
-    assert placed["kv"] == "partitioned"
+    # Both local KV placements read without crossing the fabric (since the MLA kernel
+    # launches refit of 2026-12-07 the search keeps a copy per slice at this batch).
+    assert placed["kv"] in ("partitioned", "replicated"), placed
     # Every weight class reads locally; the expert weights (most of the bytes) cannot be
     # replicated on 8 slices, so they are partitioned.
     assert placed["experts"] == "partitioned"
