@@ -292,7 +292,7 @@ def blog_table(rows: list[dict]) -> str:
              "predicted | ratio |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         layout = f"tp{r['tp']} ep{r['ep']}" + (" DP attention" if r["dp_attention"] else "")
-        lines.append(f"| {r['chip'].upper()} {r['label'].split(' ', 1)[1]} | {layout} | "
+        lines.append(f"| {r['label']} | {layout} | "
                      f"{r['weights']} / {r['kv']} | {r['draft']:g} | {r['concurrency']:g} | "
                      f"{r['measured']:,.0f} | {r['predicted']:,.0f} | {r['ratio']:.2f} |")
     return "\n".join(lines)

@@ -152,6 +152,13 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         # Prompt attention is not absorbed: keys of nope + rope and values of vd per head.
         prefill_attn_flops = 2.0 * attn_prefill * heads * prefill_ctx_layers * (nope + qr + vd)
         out_params = N * vd * D
+        # Kernels per layer: the down-projection (q_a and kv_a fused), the q and kv
+        # RMSNorms, q_b and the batched q_nope x W_UK product before attention, the batched
+        # W_UV product before o_proj (DeepSeek-V2, arXiv 2405.04434, sec. 2.1.2 "absorb";
+        # each its own kernel in TensorRT-LLM, its tech blog 3 on DeepSeek-R1 throughput,
+        # and in SGLang's `forward_absorb`; calibration/README.md, "Kernel launches of the
+        # absorbed MLA").
+        qkv_kernels, out_kernels = (5 if ql else 4) * L, 2 * L
     else:
         proj_params = D * (N + 2 * K) * H
         qkv_flops = 2.0 * attn_tokens * proj_params * heads / N
@@ -159,6 +166,8 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
         prefill_attn_flops = 4.0 * attn_prefill * prefill_ctx_layers * heads * H
         out_params = N * H * D
         absorb_params = 0
+        # Kernels per layer: the projection and its RoPE; o_proj.
+        qkv_kernels, out_kernels = 2 * L, L
     qkv_weights = L * (proj_params + absorb_params) * attn_weight_share * prec.weight_bytes
     kv_read = attn_decode_seqs * decode_ctx_layers * kv_token_values * kv_share * prec.kv_bytes
     kv_write = (attn_decode_seqs * verify + attn_prefill) * L * kv_token_values * kv_share \
@@ -181,15 +190,6 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
                             kernels=jnp.asarray(kernels, dtype=float),
                             fabric_rows=jnp.asarray(fabric_rows, dtype=float)))
 
-    # Kernels per layer: a GQA projection and its RoPE; the absorbed MLA path runs the
-    # down-projection (q_a and kv_a fused), the q and kv RMSNorms, q_b and the batched
-    # q_nope x W_UK product before attention, and the batched W_UV product before o_proj
-    # (DeepSeek-V2, arXiv 2405.04434, sec. 2.1.2 "absorb"; each its own kernel in
-    # TensorRT-LLM, its tech blog 3 on DeepSeek-R1 throughput, and in SGLang's
-    # `forward_absorb`; calibration/README.md, "Kernel launches of the absorbed MLA").
-    mla = model.attention == "mla"
-    qkv_kernels = (5 if mla and model.q_lora_rank else 4 if mla else 2) * L
-    out_kernels = (2 if mla else 1) * L
     op("qkv_proj", L * qkv_flops, qkv_weights, attn_tokens, prec.weight_compute, qkv_kernels,
        act_features=L * (D + (N + 2 * K) * H * heads / N), fabric_rows=L * attn_tokens)
     # Decode and prompt attention are different kernels with their own ceilings
