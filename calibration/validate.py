@@ -10,7 +10,8 @@ parameters and the remaining frameworks' parameters.
 
 Reports median and 90th-percentile absolute percentage error (APE) of throughput per GPU,
 median TPOT and median TTFT, and median APE of median E2E, per (model, chip, framework) and
-overall, and which groups the held-out rows' worst tenth of TTFT errors come from.
+overall, and which groups the held-out rows' worst tenth of throughput, TPOT and TTFT
+errors come from (by framework, attention DP, disaggregation, input length and MTP).
 Writes `calibration/validation.md`, `calibration/validation.json`, the tables into
 `calibration/README.md` and `docs/parity.png` (predicted vs measured, log-log).
 
@@ -80,12 +81,20 @@ def summarize(table) -> list[dict]:
     return lines
 
 
-def ttft_tail(rows, predictions, fits) -> dict:
-    """The rows at or above the 90th percentile of TTFT error: count per (model, chip,
-    framework, attention DP, aggregated or disaggregated), under- and over-predicted."""
-    errors = [(row, predictions["median_ttft_s"][k] / row.measured["median_ttft_s"] - 1.0)
-              for row, k in rows if "median_ttft_s" in row.measured
-              and np.isfinite(predictions["median_ttft_s"][k]) and fits[k]]
+#: The metrics whose worst tenth of held-out rows `tail` groups: (the predictions' and
+#: measurements' key, the report's name, the caption's words).
+TAILS = (("tput_per_gpu", "throughput", "throughput per GPU"),
+         ("median_tpot_s", "TPOT", "median TPOT"),
+         ("median_ttft_s", "TTFT", "median TTFT"))
+
+
+def tail(rows, predictions, fits, metric: str) -> dict:
+    """The rows at or above the 90th percentile of `metric`'s error: count per (model,
+    chip, framework, attention DP, aggregated or disaggregated, input length, MTP),
+    under- and over-predicted."""
+    errors = [(row, predictions[metric][k] / row.measured[metric] - 1.0)
+              for row, k in rows if metric in row.measured
+              and np.isfinite(predictions[metric][k]) and fits[k]]
     if not errors:
         return {"p90": float("nan"), "n": 0, "groups": []}
     p90 = float(np.percentile([abs(e) for _, e in errors], 90))
@@ -95,24 +104,29 @@ def ttft_tail(rows, predictions, fits) -> dict:
             pool = row.layout or row.decode
             key = (model_name(row.model), chip_key(row.hardware), row.framework,
                    "DP" if pool is not None and pool.dp_attention else "-",
-                   "aggregated" if row.layout is not None else "disaggregated")
+                   "aggregated" if row.layout is not None else "disaggregated",
+                   int(row.isl), "MTP" if row.mtp else "-")
             groups[key][int(e > 0)] += 1
     ordered = sorted(groups.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
     return {"p90": p90 * 100.0, "n": sum(sum(v) for v in groups.values()),
             "groups": [{"model": k[0], "chip": k[1], "framework": k[2], "attention": k[3],
-                        "serving": k[4], "under": v[0], "over": v[1]} for k, v in ordered]}
+                        "serving": k[4], "isl": k[5], "mtp": k[6], "under": v[0],
+                        "over": v[1]} for k, v in ordered]}
 
 
-def tail_markdown(title: str, tail: dict) -> str:
+def tail_markdown(title: str, tail: dict, what: str) -> str:
     text = [f"#### {title}", "",
-            f"The {tail['n']} rows at or above the 90th percentile of median-TTFT error "
+            f"The {tail['n']} rows at or above the 90th percentile of {what} error "
             f"({tail['p90']:.1f} %), per group (attention `DP`: data-parallel attention in "
-            "the row's pool, the decode pool when disaggregated):", "",
-            "| model | chip | framework | attention | serving | under-predicted | "
-            "over-predicted |", "| --- | --- | --- | --- | --- | ---: | ---: |"]
+            "the row's pool, the decode pool when disaggregated; input length in tokens; "
+            "MTP: speculative decoding with the model's MTP layers):", "",
+            "| model | chip | framework | attention | serving | input | MTP | "
+            "under-predicted | over-predicted |",
+            "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: |"]
     for g in tail["groups"]:
         text.append(f"| {g['model']} | {g['chip']} | {g['framework']} | {g['attention']} | "
-                    f"{g['serving']} | {g['under']} | {g['over']} |")
+                    f"{g['serving']} | {g['isl']:,} | {g['mtp']} | {g['under']} | "
+                    f"{g['over']} |")
     return "\n".join(text) + "\n"
 
 
@@ -211,8 +225,8 @@ def main(argv=None):
         problem, fitted + fitted_trt, held, gemm, nccl, out=out, max_steps=args.max_steps,
         pooling=pooling)
     clock["fit_s"] = round(time.time() - t, 1)
-    print(f"fit: {data['result']} after {data['steps']} steps ({clock['fit_s']} s, compile "
-          f"included)", flush=True)
+    print(f"{'shipped fit (read)' if args.no_refit else 'fit'}: {data['result']} after "
+          f"{data['steps']} steps ({clock['fit_s']} s, compile included)", flush=True)
     t = time.time()
     params = cal.from_json(data)
     preds = problem.predict(params)
@@ -224,7 +238,8 @@ def main(argv=None):
     for name, subset in (("fitted", fitted), ("held-out 20%", held)):
         pairs = [(r, position[r.index]) for r in subset]
         report[name] = summarize(ape_table(pairs, preds, fits))
-        report[f"{name} TTFT tail"] = ttft_tail(pairs, preds, fits)
+        for metric, label, _ in TAILS:
+            report[f"{name} {label} tail"] = tail(pairs, preds, fits, metric)
         sets[name] = (pairs, preds)
     for name, subset in (("TensorRT-LLM Offline fitted", fitted_trt),
                          ("TensorRT-LLM Offline held-out 20%", held_trt)):
@@ -271,16 +286,18 @@ def main(argv=None):
     text = ["Absolute percentage error (APE) per (model, chip, framework); `no fit`: rows "
             "whose weights plus one sequence exceed the usable HBM in the model (their "
             "predictions collapse and are counted as they are). Generated by "
-            "`python calibration/validate.py` "
-            f"(wall clock: {', '.join(f'{k} {v}' for k, v in clock.items())}).", ""]
+            f"`python calibration/validate.py{' --no-refit' if args.no_refit else ''}` "
+            f"({'the shipped fit read, not refitted; ' if args.no_refit else ''}"
+            f"wall clock: {', '.join(f'{k} {v}' for k, v in clock.items())}).", ""]
     for letter, name in zip("abcde", ("fitted", "held-out 20%", "leave-one-chip-out",
                                       "TensorRT-LLM Offline fitted",
                                       "TensorRT-LLM Offline held-out 20%"), strict=True):
         if name in report:
             text.append(markdown(f"({letter}) {name}", report[name]))
-    if "held-out 20% TTFT tail" in report:
-        text.append(tail_markdown("Held-out 20%: the worst tenth of TTFT",
-                                  report["held-out 20% TTFT tail"]))
+    for _, label, what in TAILS:
+        if f"held-out 20% {label} tail" in report:
+            text.append(tail_markdown(f"Held-out 20%: the worst tenth of {label}",
+                                      report[f"held-out 20% {label} tail"], what))
     if "loco_meta" in report:
         text.append("Leave-one-chip-out refits: " + "; ".join(
             f"{c}: {m['result']} after {m['steps']} steps, predicted with "
