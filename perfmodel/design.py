@@ -72,6 +72,12 @@ class Layout(eqx.Module):
     def moe_tp(self) -> int:
         return self.tp // self.ep
 
+    @property
+    def attention_ranks(self) -> int:
+        """Chips that split an instance's sequences: `tp` under attention DP (each rank
+        runs its own requests' attention and holds their KV cache), else 1 (chips)."""
+        return self.tp if self.dp_attention else 1
+
     def numbers(self) -> LayoutNumbers:
         """This layout as arrays (`LayoutNumbers`): the model then computes the same numbers
         with one kernel for every layout (jit does not specialise on the degrees, and
@@ -177,6 +183,12 @@ class LayoutNumbers(eqx.Module):
     def moe_tp(self):
         """Tensor-parallel degree inside each routed expert, `tp / ep` (chips)."""
         return self.tp / self.ep
+
+    @property
+    def attention_ranks(self):
+        """Chips that split an instance's sequences: `tp` under attention DP, else 1
+        (chips; `Layout.attention_ranks`)."""
+        return jnp.where(self.dp_attention, self.tp, 1.0)
 
 
 class Disaggregated(eqx.Module):

@@ -225,5 +225,4 @@ def max_batch(model: Model, layout: Layout | LayoutNumbers, precision: Precision
     if mapping is not None:
         per_seq = per_seq * (1.0 + (jnp.asarray(num_slices) - 1.0) * mapping.kv[..., 2])
     # Sequences per chip that fit; DP attention spreads sequences over the tp chips.
-    spread = branch(layout.dp_attention, lambda: layout.tp, lambda: 1)
-    return free / per_seq * spread
+    return free / per_seq * layout.attention_ranks

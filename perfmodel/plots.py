@@ -96,7 +96,7 @@ def roofline_points(model: Model, chip: Chip, design: Design, decode_seqs, decod
     layout = design.layout if layout is None else layout
     ops = operators(model, chip, design, layout, decode_seqs, decode_context, prefill_tokens,
                     prefill_context, prefill_seqs)
-    per_chip = jnp.asarray(decode_seqs, dtype=float) / (layout.tp if layout.dp_attention else 1)
+    per_chip = jnp.asarray(decode_seqs, dtype=float) / layout.attention_ranks
     chip = attention_kernels(model, chip)   # as `step_cost` times the model's attention
     out = []
     for op in ops:

@@ -173,8 +173,7 @@ def operators(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
     kv_write = (attn_decode_seqs * verify + attn_prefill) * L * kv_token_values * kv_share \
         * prec.kv_bytes
     # Chunked prefill re-reads the cached prefix of each request once per chunk.
-    kv_prefix = prefill_seqs / branch(layout.dp_attention, lambda: tp, lambda: 1) \
-        * prefill_ctx_layers \
+    kv_prefix = prefill_seqs / layout.attention_ranks * prefill_ctx_layers \
         * kv_token_values * kv_share * prec.kv_bytes
     ops = []
 
@@ -497,8 +496,7 @@ def step_cost(model: Model, chip: Chip, design: Design, layout: Layout | LayoutN
                     prefill_tokens, prefill_context, prefill_seqs)
     chip = attention_kernels(model, chip)
     # Attention-DP ranks: the chips that split the sequences (1 without DP attention).
-    dp_ranks = jnp.asarray(branch(layout.dp_attention, lambda: layout.tp, lambda: 1),
-                           dtype=float)
+    dp_ranks = jnp.asarray(layout.attention_ranks, dtype=float)
     seqs_per_chip = jnp.asarray(decode_seqs, dtype=float) / dp_ranks
     runtime = design.runtime
     # Each class's peak under the format ceiling, once for all of the step's operators.
