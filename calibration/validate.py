@@ -114,16 +114,16 @@ def tail(rows, predictions, fits, metric: str) -> dict:
                         "over": v[1]} for k, v in ordered]}
 
 
-def tail_markdown(title: str, tail: dict, what: str) -> str:
+def tail_markdown(title: str, worst: dict, what: str) -> str:
     text = [f"#### {title}", "",
-            f"The {tail['n']} rows at or above the 90th percentile of {what} error "
-            f"({tail['p90']:.1f} %), per group (attention `DP`: data-parallel attention in "
+            f"The {worst['n']} rows at or above the 90th percentile of {what} error "
+            f"({worst['p90']:.1f} %), per group (attention `DP`: data-parallel attention in "
             "the row's pool, the decode pool when disaggregated; input length in tokens; "
             "MTP: speculative decoding with the model's MTP layers):", "",
             "| model | chip | framework | attention | serving | input | MTP | "
             "under-predicted | over-predicted |",
             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: |"]
-    for g in tail["groups"]:
+    for g in worst["groups"]:
         text.append(f"| {g['model']} | {g['chip']} | {g['framework']} | {g['attention']} | "
                     f"{g['serving']} | {g['isl']:,} | {g['mtp']} | {g['under']} | "
                     f"{g['over']} |")

@@ -420,9 +420,10 @@ def test_one_trace_per_model_and_chip(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pareto_sweep, "predict", counted)
-    # Without the on-disk store of traced kernels (`compiled.traced_store`): an in-process
-    # `cli.main` of another test turns JAX's persistent cache on for the whole worker, and
-    # a kernel an earlier run of the suite stored would load without a trace.
+    # Without the on-disk store of traced kernels (`compiled.traced_store`): importing
+    # calibration/fit.py (tests of the calibration scripts do) or an in-process `cli.main`
+    # turns JAX's persistent cache on for the whole worker, and a kernel an earlier run of
+    # the suite stored would load without a trace.
     monkeypatch.setenv("PERFMODEL_TRACED_STORE", "off")
     # A chunk size no other test uses: the kernel is traced afresh, once for every chunk,
     # layout, format and length of the group.
