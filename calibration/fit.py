@@ -50,6 +50,10 @@ HELDOUT_FRACTION = 0.2
 #: Partial pooling of the chip families (`perfmodel.calibration.Prior`): each family's
 #: parameters have a Gaussian of this many prior widths around a pooled row.
 POOLING = 0.5
+#: Basin-hopping moves of the joint solve (`perfmodel.calibration.hop`) and their seed: 0, one
+#: solve from the priors (calibration/README.md, "Local minima of the fit").
+HOPS = 0
+HOP_SEED = 0
 #: Levenberg-Marquardt steps at most (accepted or rejected) per stage. The leave-one-H200-out
 #: refit takes 128 (the shipped fit 55): its last steps creep along a flat valley.
 MAX_STEPS = 400
@@ -98,14 +102,16 @@ def result_text(result) -> str:
 
 
 def shipped_fit(problem: cal.Calibration, fitted, held, gemm, nccl, out=OUTPUT,
-                max_steps: int = MAX_STEPS, pooling: float | None = POOLING) -> dict:
+                max_steps: int = MAX_STEPS, pooling: float | None = POOLING,
+                hops: int = HOPS, seed: int = HOP_SEED) -> dict:
     """Fit `fitted` rows (plus GEMM/NCCL) and write the versioned JSON; returns it.
 
     Raises:
         RuntimeError: the fit did not succeed (nothing is written).
     """
     start = time.time()
-    result, families, frameworks = problem.fit(fitted, max_steps=max_steps, pooling=pooling)
+    result, families, frameworks = problem.fit(fitted, max_steps=max_steps, pooling=pooling,
+                                               hops=hops, seed=seed)
     fits = problem.fits(result)
     used = [r for r in fitted if fits[problem.position[r.index]]]
     meta = {
@@ -119,7 +125,7 @@ def shipped_fit(problem: cal.Calibration, fitted, held, gemm, nccl, out=OUTPUT,
         "measured_chips": sorted({chip_key(r.hardware) for r in used}),
         "solver": "optimistix Levenberg-Marquardt, Huber delta 0.2 on log residuals, "
                   "Gaussian priors",
-        "pooling": pooling,
+        "pooling": pooling, "hops": hops, "hop_seed": seed,
         "result": result_text(result.result), "loss": float(result.loss),
         "steps": int(result.steps),
         "fit_seconds": round(time.time() - start, 1)}
@@ -165,6 +171,27 @@ def devices_arg(text: str) -> int | str:
     return count
 
 
+def hops_arg(text: str) -> int:
+    """`--hops`: a number of basin-hopping moves, 0 or more."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"--hops takes a number of moves, 0 or more, got "
+                                         f"{text!r}")
+    return count
+
+
+def add_hop_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--hops` and `--seed` (basin hopping of the joint solve), shared with validate.py."""
+    parser.add_argument("--hops", type=hops_arg, default=HOPS,
+                        help="basin-hopping moves after the solve from the priors "
+                             f"(perfmodel.calibration.hop; default {HOPS}: that solve alone)")
+    parser.add_argument("--seed", type=int, default=HOP_SEED,
+                        help=f"seed of the basin-hopping moves (default {HOP_SEED})")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
@@ -178,6 +205,7 @@ def main(argv=None):
     parser.add_argument("--devices", type=devices_arg, default=None,
                         help="split the InferenceMAX rows over this many local devices, or "
                              "'all' (default: one device)")
+    add_hop_arguments(parser)
     args = parser.parse_args(argv)
     rows, gemm, nccl = load_all()
     fitted, held = split(rows)
@@ -188,7 +216,7 @@ def main(argv=None):
     start = time.time()
     problem = cal.Calibration(rows + trt, gemm, nccl, devices=args.devices)
     data = shipped_fit(problem, fitted, held, gemm, nccl, args.out, args.max_steps,
-                       args.pooling)
+                       args.pooling, args.hops, args.seed)
     place = problem.end_to_end.placement
     devices = 1 if place is None else place.count
     print(f"{data['result']} after {data['steps']} steps, loss {data['loss']:.6g}, "

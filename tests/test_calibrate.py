@@ -389,6 +389,42 @@ def test_fit_reports_nonfinite():
         cal.fit(p, [_NotANumber()])
 
 
+class _DoubleWell(cal.AbstractBlock):
+    """Residuals (x^2 - 1, 0.3 (x - 1)) of the first unconstrained value x: minima near
+    x = 1 (loss 0) and x = -1 (a residual of 0.6: Huber loss 0.2 x (0.6 - 0.1) = 0.1 at
+    `cal.DELTA` 0.2), a ridge at x = 0 between them."""
+
+    def __call__(self, params):
+        x = params.flat[0]
+        return jnp.stack([x ** 2 - 1.0, 0.3 * (x - 1.0)]), None
+
+
+def test_hop_leaves_a_local_minimum_the_solve_stays_in():
+    p = cal.Params.prior(("hopper",), ())
+    start = p.with_flat(p.flat.at[0].set(-1.2))
+    plain = cal.fit(start, [_DoubleWell()], max_steps=50)
+    assert float(plain.params.flat[0]) == pytest.approx(-1.0, abs=0.1)
+    assert float(plain.loss) == pytest.approx(0.1, abs=0.01)
+    # Every value moves, by 1.5 widths: a hop crosses the ridge with a chance of 1 in 4.
+    kw = dict(max_steps=50, fraction=1.0, scale=1.5)
+    hopped = cal.hop(start, [_DoubleWell()], hops=8, seed=0, **kw)
+    assert succeeded(hopped.result)
+    assert float(hopped.params.flat[0]) == pytest.approx(1.0, abs=1e-3)
+    assert float(hopped.loss) < 1e-6
+    # A function of the seed; no hops is the plain solve; a hop never returns a higher loss.
+    again = cal.hop(start, [_DoubleWell()], hops=8, seed=0, **kw)
+    np.testing.assert_array_equal(again.params.flat, hopped.params.flat)
+    none = cal.hop(start, [_DoubleWell()], hops=0, max_steps=50)
+    np.testing.assert_array_equal(none.params.flat, plain.params.flat)
+    for seed in range(3):
+        out = cal.hop(start, [_DoubleWell()], hops=2, seed=seed, **kw)
+        assert float(out.loss) <= float(plain.loss)
+    with pytest.raises(ValueError, match="hops >= 0"):
+        cal.hop(start, [_DoubleWell()], hops=-1)
+    with pytest.raises(ValueError, match="0 < fraction <= 1"):
+        cal.hop(start, [_DoubleWell()], hops=1, fraction=0.0)
+
+
 # --- shipped parameter files ----------------------------------------------------------------
 
 def test_shipped_fit_is_physical():

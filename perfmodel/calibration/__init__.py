@@ -43,6 +43,7 @@ from .params import (
     framework_values,
     from_json,
     prior_row,
+    prior_widths,
     resolve_family,
     resolve_framework,
     runtime_values,
@@ -50,7 +51,7 @@ from .params import (
     with_family,
 )
 from .predict import BATCH, PREDICTION_KEYS, linearize, predict_rows
-from .solve import DELTA, Calibration, LatencyFit, calibrate, devices_placement, fit
+from .solve import DELTA, Calibration, LatencyFit, calibrate, devices_placement, fit, hop
 
 __all__ = [
     "BATCH", "DELTA", "E2E_KEYS", "INTERVAL_KEYS", "Intervals", "FAMILY_FALLBACK",
@@ -59,9 +60,9 @@ __all__ = [
     "POOLED", "PREDICTION_KEYS", "AbstractBlock", "Batch", "Calibration", "EndToEnd", "Group",
     "LatencyFit", "OpTimings", "Params", "Prior", "batches", "build_groups", "calibrate",
     "devices_placement", "family_values", "fit", "framework_rows", "framework_values",
-    "format_ratio", "from_json", "gemm_time", "huber_loss", "huber_residuals", "linearize",
+    "format_ratio", "from_json", "gemm_time", "hop", "huber_loss", "huber_residuals", "linearize",
     "model_of",
-    "outputs", "predict_rows", "prior_row", "resolve_family", "resolve_framework",
+    "outputs", "predict_rows", "prior_row", "prior_widths", "resolve_family", "resolve_framework",
     "row_inputs", "row_metrics", "rowwise_jacobian", "runtime_values", "to_json",
     "with_family",
 ]

@@ -57,6 +57,7 @@ from .params import (
     Params,
     framework_values,
     prior_row,
+    prior_widths,
     resolve_family,
     resolve_framework,
     runtime_values,
@@ -583,10 +584,7 @@ class Prior(AbstractBlock):
         """Priors of every parameter of `params` (partially pooled with `pooling`)."""
         center = np.asarray(Params.prior(params.families, params.frameworks).flat)
         family_widths = np.array([f[3] for f in FAMILY_FIELDS])
-        widths = np.concatenate([np.tile(family_widths, len(params.families)),
-                                 np.tile([f[3] for f in FRAMEWORK_FIELDS],
-                                         len(params.frameworks))])
-        matrix = np.diag(1.0 / widths)
+        matrix = np.diag(1.0 / prior_widths(params.families, params.frameworks))
         if pooling is not None and POOLED in params.families:
             pooled = np.arange(_NF) + _NF * params.families.index(POOLED)
             for i, fam in enumerate(params.families):

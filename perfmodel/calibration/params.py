@@ -143,6 +143,19 @@ def prior_row(fields) -> np.ndarray:
     return np.array([_to_raw(space, value) for _, space, value, _ in fields])
 
 
+def prior_widths(families: Sequence[str], frameworks: Sequence[str]) -> np.ndarray:
+    """Prior widths of every unconstrained value, in `Params.flat` order (families first),
+    shape (size,).
+
+    Example:
+        >>> w = prior_widths(("hopper",), ("vllm",))
+        >>> w.shape == (len(FAMILY_FIELDS) + len(FRAMEWORK_FIELDS),), float(w[0])
+        (True, 1.0)
+    """
+    return np.concatenate([np.tile([f[3] for f in FAMILY_FIELDS], len(families)),
+                           np.tile([f[3] for f in FRAMEWORK_FIELDS], len(frameworks))])
+
+
 class Params(eqx.Module):
     """Fitted parameters in unconstrained space (logit for fractions, log for positives).
 

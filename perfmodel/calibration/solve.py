@@ -36,9 +36,9 @@ from ..datasets import BenchRow
 from ..grid.shard import Placement, placement
 from ..presets import chip_key, get_chip
 from ..search.compile import compiler_options
-from ..solvers import RESULTS, check, levenberg_marquardt
+from ..solvers import RESULTS, check, levenberg_marquardt, succeeded
 from .latency import OUTPUTS, AbstractBlock, EndToEnd, OpTimings, Prior, huber_residuals
-from .params import FAMILY_FALLBACK, POOLED, Params, resolve_family
+from .params import FAMILY_FALLBACK, POOLED, Params, prior_widths, resolve_family
 
 #: Huber threshold on the weighted log residuals (0.2 is about 22 %).
 DELTA = 0.2
@@ -47,6 +47,10 @@ DELTA = 0.2
 # speeding it up (measured with jaxlib 0.10 on one disaggregated batch's Jacobian: 4.9 s ->
 # 2.5 s); `search.compile.compiler_options` keeps the flag where this XLA accepts it.
 _CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+#: Basin hopping (`hop`): a move shifts a value by this many prior widths (normal draws) ...
+HOP_SCALE = 1.0
+#: ... and moves each value with this chance.
+HOP_FRACTION = 0.2
 
 
 class LatencyFit(eqx.Module):
@@ -172,6 +176,58 @@ def fit(params: Params, blocks: Sequence[AbstractBlock], *, max_steps: int = 100
     return out
 
 
+def hop(params: Params, blocks: Sequence[AbstractBlock], *, hops: int, seed: int = 0,
+        scale: float = HOP_SCALE, fraction: float = HOP_FRACTION, max_steps: int = 100,
+        delta: float = DELTA, rtol: float = 1e-4, atol: float = 1e-4,
+        devices: int | str | None = None) -> LatencyFit:
+    """Basin hopping (Wales and Doye 1997, J. Phys. Chem. A 101, 5111) over `fit`: solve
+    from `params`, then `hops` times move a random `fraction` of the unconstrained values
+    of the best minimum so far by `scale` prior widths (normal draws, seeded) and solve
+    again from there, keeping a minimum only when its loss is lower.
+
+    Levenberg-Marquardt stops at the first minimum it reaches, and the latency objective
+    has several: a log-parametrized term whose prior sits orders of magnitude below what
+    some rows want (a per-rank host time of microseconds where a stack pays milliseconds)
+    has almost no gradient there, so a solve from the priors explains those rows with
+    other terms and stays (calibration/README.md, "Local minima of the fit").
+
+    Args:
+        params: starting point (and the families and frameworks that are fitted).
+        blocks, max_steps, delta, rtol, atol, devices: as `fit`.
+        hops: moves to try (0: `fit` alone).
+        seed: of the moves' random draws (the result is a function of it).
+        scale: size of a move, in prior widths (`params.prior_widths`).
+        fraction: chance that a value moves in a hop.
+
+    Returns:
+        The `LatencyFit` of the lowest minimum found (its result code that solve's).
+
+    Raises:
+        ValueError: `hops` negative, `scale` not positive or `fraction` outside (0, 1].
+
+    Example:
+        >>> p = Params.prior(("hopper",), ())
+        >>> out = hop(p.with_flat(p.flat + 1.0), [Prior.build(p)], hops=2, max_steps=20)
+        >>> round(float(out.loss), 9)
+        0.0
+    """
+    if hops < 0 or not scale > 0 or not 0 < fraction <= 1:
+        raise ValueError(f"hop needs hops >= 0, scale > 0 and 0 < fraction <= 1; got "
+                         f"hops={hops}, scale={scale}, fraction={fraction}")
+    kwargs = dict(max_steps=max_steps, delta=delta, rtol=rtol, atol=atol, throw=False,
+                  devices=devices)
+    best = fit(params, blocks, **kwargs)
+    rng = np.random.default_rng(seed)
+    widths = prior_widths(params.families, params.frameworks)
+    for _ in range(hops):
+        moved = rng.random(widths.size) < fraction
+        step = np.where(moved, scale * widths * rng.standard_normal(widths.size), 0.0)
+        out = fit(best.params.with_flat(best.params.flat + step), blocks, **kwargs)
+        if succeeded(out.result) and float(out.loss) < float(best.loss):
+            best = out
+    return best
+
+
 def _evaluate(block: EndToEnd, parameter_rows):
     return block.evaluate(parameter_rows, differentiable=False)
 
@@ -210,7 +266,7 @@ class Calibration:
 
     def fit(self, rows: Sequence[BenchRow] | None = None, *, exclude_chip: str | None = None,
             max_steps: int = 100, rtol: float = 1e-4, atol: float = 1e-4,
-            pooling: float | None = None, throw: bool = True
+            pooling: float | None = None, throw: bool = True, hops: int = 0, seed: int = 0
             ) -> tuple[LatencyFit, tuple, tuple]:
         """Fit from the priors: op-level blocks alone, then jointly with the end-to-end rows.
 
@@ -220,6 +276,7 @@ class Calibration:
             max_steps, rtol, atol, throw: as `fit` (the joint stage).
             pooling: partial pooling of the families (`latency.Prior`); adds a `POOLED` row,
                 returned among the families with data.
+            hops, seed: basin hopping of the joint stage (`hop`); 0 hops: one solve.
 
         Returns:
             (fit, families that had data, frameworks that had data). Rows whose weights and
@@ -244,8 +301,15 @@ class Calibration:
             params = fit(params, ops + [idle, prior], max_steps=max_steps, rtol=rtol,
                          atol=atol, throw=False).params
         end_to_end = self.end_to_end.with_weights(weights)
-        result = fit(params, ops + [end_to_end, prior], max_steps=max_steps, rtol=rtol,
-                     atol=atol, throw=throw)
+        blocks = ops + [end_to_end, prior]
+        if hops:
+            result = hop(params, blocks, hops=hops, seed=seed, max_steps=max_steps,
+                         rtol=rtol, atol=atol)
+            check(result.result, "calibrate", throw,
+                  f"loss {float(result.loss):.6g} after {int(result.steps)} steps")
+        else:
+            result = fit(params, blocks, max_steps=max_steps, rtol=rtol, atol=atol,
+                         throw=throw)
         excess = np.asarray(result.aux[self._end_to_end_at])[:, OUTPUTS.index("memory_excess")]
         fitted = [r for r, w, e in zip(e2e_rows, weights, excess, strict=True)
                   if w > 0 and e <= 0]
