@@ -550,8 +550,8 @@ def test_layout_that_does_not_fit_is_reported(tmp_path):
 
 @pytest.mark.slow
 def test_refit_reproduces_shipped_parameters():
-    """The full fit (`calibration/fit.py`'s data, split and pooling; minutes on 2 cores)
-    gives the shipped file's loss and parameters."""
+    """The full fit (`calibration/fit.py`'s data, split, pooling and basin hopping;
+    minutes on 2 cores) gives the shipped file's loss and parameters."""
     sys.path.insert(0, str(ROOT / "calibration"))
     import fit as fitting
     shipped = fitted.read(fitted.LATENCY_FILE)
@@ -559,7 +559,8 @@ def test_refit_reproduces_shipped_parameters():
     train, _ = fitting.split(rows)
     problem = cal.Calibration(rows, gemm, nccl)
     result, families, frameworks = problem.fit(train, max_steps=fitting.MAX_STEPS,
-                                               pooling=fitting.POOLING)
+                                               pooling=fitting.POOLING, hops=fitting.HOPS,
+                                               seed=fitting.HOP_SEED)
     assert succeeded(result.result)
     assert float(result.loss) == pytest.approx(shipped["loss"], rel=1e-6)
     want = cal.from_json(shipped)

@@ -183,7 +183,7 @@ def hop(params: Params, blocks: Sequence[AbstractBlock], *, hops: int, seed: int
     """Basin hopping (Wales and Doye 1997, J. Phys. Chem. A 101, 5111) over `fit`: solve
     from `params`, then `hops` times move a random `fraction` of the unconstrained values
     of the best minimum so far by `scale` prior widths (normal draws, seeded) and solve
-    again from there, keeping a minimum only when its loss is lower.
+    again from there, keeping a minimum only when its solve succeeds with a lower loss.
 
     Levenberg-Marquardt stops at the first minimum it reaches, and the latency objective
     has several: a log-parametrized term whose prior sits orders of magnitude below what
