@@ -36,6 +36,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 from perfmodel import calibration as cal  # noqa: E402
 from perfmodel import datasets  # noqa: E402
 from perfmodel import fitted as fitted_files  # noqa: E402
+from perfmodel.commands import number  # noqa: E402
 from perfmodel.presets import chip_key  # noqa: E402
 from perfmodel.solvers import message, succeeded  # noqa: E402
 
@@ -161,26 +162,11 @@ def devices_arg(text: str) -> int | str:
     """`--devices`: a positive number of local devices, or "all"."""
     if text == "all":
         return text
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"--devices takes a positive number or 'all', got "
-                                         f"{text!r}")
-    return count
+    return number(1, integer=True, meaning="local devices, or 'all'")(text)
 
 
-def hops_arg(text: str) -> int:
-    """`--hops`: a number of basin-hopping moves, 0 or more."""
-    try:
-        count = int(text)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"--hops takes a number of moves, 0 or more, got "
-                                         f"{text!r}")
-    return count
+#: `--hops`: a number of basin-hopping moves, 0 or more.
+hops_arg = number(0, integer=True, meaning="basin-hopping moves")
 
 
 def add_hop_arguments(parser: argparse.ArgumentParser) -> None:

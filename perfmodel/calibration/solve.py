@@ -302,14 +302,10 @@ class Calibration:
                          atol=atol, throw=False).params
         end_to_end = self.end_to_end.with_weights(weights)
         blocks = ops + [end_to_end, prior]
-        if hops:
-            result = hop(params, blocks, hops=hops, seed=seed, max_steps=max_steps,
-                         rtol=rtol, atol=atol)
-            check(result.result, "calibrate", throw,
-                  f"loss {float(result.loss):.6g} after {int(result.steps)} steps")
-        else:
-            result = fit(params, blocks, max_steps=max_steps, rtol=rtol, atol=atol,
-                         throw=throw)
+        result = hop(params, blocks, hops=hops, seed=seed, max_steps=max_steps, rtol=rtol,
+                     atol=atol)
+        check(result.result, "calibrate", throw,
+              f"loss {float(result.loss):.6g} after {int(result.steps)} steps")
         excess = np.asarray(result.aux[self._end_to_end_at])[:, OUTPUTS.index("memory_excess")]
         fitted = [r for r, w, e in zip(e2e_rows, weights, excess, strict=True)
                   if w > 0 and e <= 0]
