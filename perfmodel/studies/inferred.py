@@ -121,7 +121,7 @@ class InferredParams(eqx.Module):
         >>> from perfmodel.sweep import default_runtime
         >>> chip = get_chip("jalapeno")
         >>> p = InferredParams.of(chip, default_runtime(chip))
-        >>> round(p.values()["step_overhead"], 6), round(p.values()["bandwidth_max"], 3)
+        >>> round(p.values()["step_overhead"], 6), round(p.values()["bandwidth_max"], 2)
         (0.001, 0.82)
     """
 
