@@ -24,6 +24,7 @@ default (None) is the one-device program.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -77,6 +78,10 @@ class LatencyFit(eqx.Module):
     aux: tuple
     """Per block, its auxiliary outputs at `params` (`EndToEnd`: the `latency.OUTPUTS` of
     every row)."""
+    hop: int = eqx.field(static=True, default=0)
+    """`hop`: the move whose solve found `params` (1 for the first move; 0: the solve from
+    the starting point). Moves are drawn in order from the seed, so `hop` with this many
+    moves and the same seed returns this fit again."""
 
 
 def _residuals(params: Params, args):
@@ -200,7 +205,8 @@ def hop(params: Params, blocks: Sequence[AbstractBlock], *, hops: int, seed: int
         fraction: chance that a value moves in a hop.
 
     Returns:
-        The `LatencyFit` of the lowest minimum found (its result code that solve's).
+        The `LatencyFit` of the lowest minimum found (its result code that solve's; its
+        `hop` the move that found it).
 
     Raises:
         ValueError: `hops` negative, `scale` not positive or `fraction` outside (0, 1].
@@ -219,12 +225,12 @@ def hop(params: Params, blocks: Sequence[AbstractBlock], *, hops: int, seed: int
     best = fit(params, blocks, **kwargs)
     rng = np.random.default_rng(seed)
     widths = prior_widths(params.families, params.frameworks)
-    for _ in range(hops):
+    for move in range(1, hops + 1):
         moved = rng.random(widths.size) < fraction
         step = np.where(moved, scale * widths * rng.standard_normal(widths.size), 0.0)
         out = fit(best.params.with_flat(best.params.flat + step), blocks, **kwargs)
         if succeeded(out.result) and float(out.loss) < float(best.loss):
-            best = out
+            best = dataclasses.replace(out, hop=move)
     return best
 
 
