@@ -148,6 +148,43 @@ def write(data: Mapping, path: str | os.PathLike) -> None:
 # Resolution.
 
 
+#: Framework terms whose meaning depends on the serving mode, lent by a framework fallback
+#: only within a mode: a prompt's host time on an aggregated engine is its scheduling and
+#: KV-block allocation, on a disaggregated prefill instance also the set-up of its KV
+#: hand-off to a decode instance (`design.Runtime.prefill_request_time`). The shipped fit
+#: puts the two far apart (SGLang 17 ms a prompt, SGLang-disagg 1.1 ms; TensorRT-LLM 0.9 ms,
+#: Dynamo-TRT 2.1 ms; `calibration/README.md`, "Framework fallbacks across serving modes").
+MODE_TERMS = ("prefill_request_time",)
+
+
+def disaggregated(framework: str) -> bool:
+    """True for a framework label of a disaggregated deployment (prefill and decode on
+    separate pools): one that names Dynamo or "disagg".
+
+    Example:
+        >>> disaggregated("Dynamo-TRT"), disaggregated("sglang-disagg"), disaggregated("sglang")
+        (True, True, False)
+    """
+    name = framework.strip().lower()
+    return "dynamo" in name or "disagg" in name
+
+
+def lent_terms(framework: str, basis: str, terms: Mapping) -> dict:
+    """The fitted `terms` of framework `basis` as `framework` takes them: all of them when
+    `basis` is `framework` itself or runs in the same serving mode, else without
+    `MODE_TERMS` (which then keep the caller's defaults).
+
+    Example:
+        >>> lent_terms("dynamo-vllm", "vllm", {"step_overhead": 1e-3, "prefill_request_time": 0.01})
+        {'step_overhead': 0.001}
+        >>> lent_terms("trtllm-bench", "trt", {"prefill_request_time": 0.01})
+        {'prefill_request_time': 0.01}
+    """
+    if disaggregated(framework) == disaggregated(basis):
+        return dict(terms)
+    return {k: v for k, v in terms.items() if k not in MODE_TERMS}
+
+
 def follow(name: str, known, fallback: Mapping[str, str]) -> str:
     """The first name along `fallback` from `name` that is in `known`, else "".
 
@@ -291,7 +328,8 @@ def framework_key(framework: str, *, latency: Mapping | None = None) -> str:
 
 def runtime_terms(framework: str, family: str = "", *, latency: Mapping | None = None,
                   power: Mapping | None = None) -> dict:
-    """The fitted `Runtime` field values of a framework ({} for priors).
+    """The fitted `Runtime` field values of a framework ({} for priors); through a fallback
+    to another serving mode without `MODE_TERMS` (`lent_terms`).
 
     A power-fit harness's kernel efficiency is per chip family; a family it did not measure
     runs at the latency fit's kernel speed (1).
@@ -305,7 +343,7 @@ def runtime_terms(framework: str, family: str = "", *, latency: Mapping | None =
             else kernel
         return entry
     latency = read(LATENCY_FILE) if latency is None else latency
-    return dict(latency.get("frameworks", {}).get(key, {}))
+    return lent_terms(framework, key, latency.get("frameworks", {}).get(key, {}))
 
 
 def mtp_acceptance(framework: str, *, latency: Mapping | None = None) -> float:

@@ -217,6 +217,27 @@ def test_params_roundtrip_and_physical_ranges():
     np.testing.assert_allclose(back.flat, q.flat, rtol=1e-9, atol=1e-9)
 
 
+def test_framework_rows_lend_fallback_terms_within_a_serving_mode():
+    """A row of a framework without a fit takes its fallback's fitted values, except
+    `fitted.MODE_TERMS` when the two run in different serving modes (a disaggregated
+    prefill instance's host time per prompt is not an aggregated engine's): those keep the
+    prior, as every value of a framework with no fallback does."""
+    params = cal.Params.prior(("blackwell",), ("sglang",))
+    params = params.with_flat(params.flat + 0.5)
+    rows = [datasets.BenchRow(i, i + 2, "deepseek-r1", "mi355x", fw, "fp8", 1024., 1024.,
+                              8., False, datasets.PoolLayout(8, 1, False), None, None, {})
+            for i, fw in enumerate(("sglang", "sglang-disagg", "dynamo-sglang", "nonesuch"))]
+    out = cal.framework_rows(rows, params)
+    own, prior = np.asarray(params.framework_raw)[0], cal.prior_row(cal.FRAMEWORK_FIELDS)
+    mode = [cal.FRAMEWORK_NAMES.index(n) for n in fitted.MODE_TERMS]
+    rest = [k for k in range(len(own)) if k not in mode]
+    np.testing.assert_array_equal(out[0], own)
+    for k in (1, 2):
+        np.testing.assert_array_equal(out[k, rest], own[rest])
+        np.testing.assert_array_equal(out[k, mode], prior[mode])
+    np.testing.assert_array_equal(out[3], prior)
+
+
 def test_params_shape_is_checked():
     with pytest.raises(ValueError, match="family_raw has shape"):
         cal.Params(family_raw=jnp.zeros((2, 3)), framework_raw=jnp.zeros(1),

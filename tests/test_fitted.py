@@ -73,6 +73,21 @@ def test_shipped_files_give_unmeasured_chips_the_generic_rule():
         power["families"]["blackwell"]["energy"]["per_hbm_byte"])
 
 
+def test_a_fallback_across_serving_modes_does_not_lend_the_mode_terms():
+    """A disaggregated framework without a fit takes its engine's fitted terms except the
+    host time per prompt, whose meaning differs between an aggregated engine and a
+    prefill instance (`fitted.MODE_TERMS`); a fallback within a mode lends everything,
+    and a fitted framework keeps its own."""
+    latency = {"frameworks": {"vllm": {"step_overhead": 2e-3, "prefill_request_time": 0.02},
+                              "trt": {"prefill_request_time": 0.03}},
+               "framework_fallback": {"dynamo-vllm": "vllm", "trtllm-bench": "trt"}}
+    for label in ("dynamo-vllm", "Dynamo-VLLM-0.9"):
+        assert fitted.runtime_terms(label, latency=latency) == {"step_overhead": 2e-3}
+    assert fitted.runtime_terms("vllm", latency=latency)["prefill_request_time"] == 0.02
+    assert fitted.runtime_terms("trtllm-bench", latency=latency) == {"prefill_request_time": 0.03}
+    assert fitted.MODE_TERMS == ("prefill_request_time",)
+
+
 def test_framework_terms():
     assert fitted.framework_key("Dynamo-VLLM-0.9", latency=LATENCY) == "vllm"
     assert fitted.framework_key("dynamo-trt", latency=LATENCY) == "trt"

@@ -31,8 +31,8 @@ from .params import (
     FRAMEWORK_FIELDS,
     FRAMEWORK_SETTINGS,
     Params,
+    framework_lookup,
     prior_row,
-    resolve_framework,
 )
 
 #: The per-row numbers the model reads (`row_inputs`): input and output tokens (tokens),
@@ -162,14 +162,14 @@ def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
 
 def framework_rows(rows: Sequence[BenchRow], params: Params) -> np.ndarray:
     """(rows, len(FRAMEWORK_FIELDS)) unconstrained framework values of each row: its own,
-    its fallback's (`params.FRAMEWORK_FALLBACK`), else the priors."""
-    table = np.asarray(params.framework_raw)
+    its fallback's (`params.FRAMEWORK_FALLBACK`; from another serving mode without
+    `fitted.MODE_TERMS`, which keep their priors), else the priors
+    (`params.framework_lookup`)."""
     prior = prior_row(FRAMEWORK_FIELDS)
-    out = np.empty((len(rows), len(FRAMEWORK_FIELDS)))
-    for i, row in enumerate(rows):
-        name = resolve_framework(row.framework, params.frameworks)
-        out[i] = table[params.frameworks.index(name)] if name else prior
-    return out
+    table = np.concatenate([np.asarray(params.framework_raw).reshape(-1, prior.size),
+                            prior[None]])
+    index, keep_prior = framework_lookup([r.framework for r in rows], params)
+    return np.where(keep_prior, prior[None], table[index])
 
 
 class Batch(eqx.Module):

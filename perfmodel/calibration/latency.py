@@ -55,11 +55,11 @@ from .params import (
     FRAMEWORK_FIELDS,
     POOLED,
     Params,
+    framework_lookup,
     framework_values,
     prior_row,
     prior_widths,
     resolve_family,
-    resolve_framework,
     runtime_values,
     with_family,
 )
@@ -399,8 +399,8 @@ class EndToEnd(AbstractBlock):
                 `params.FAMILY_FALLBACK`); used unless `strict`.
             strict: every family must be in `params` (a fit), else `ValueError`.
         """
-        table = jnp.concatenate([params.framework_raw,
-                                 jnp.asarray(prior_row(FRAMEWORK_FIELDS))[None]])
+        prior = jnp.asarray(prior_row(FRAMEWORK_FIELDS))
+        table = jnp.concatenate([params.framework_raw, prior[None]])
         out = []
         for b in self.batches:
             if strict and b.family not in params.families:
@@ -409,10 +409,10 @@ class EndToEnd(AbstractBlock):
             family, _ = resolve_family(b.family, params, fallback)
             fam = (params.family_raw[params.families.index(family)] if family
                    else jnp.asarray(prior_row(FAMILY_FIELDS)))
-            names = [resolve_framework(f, params.frameworks) for f in b.frameworks]
-            fw = np.array([params.frameworks.index(n) if n else len(params.frameworks)
-                           for n in names])
-            out.append(jnp.concatenate([jnp.broadcast_to(fam, (b.length, _NF)), table[fw]],
+            fw, keep_prior = framework_lookup(b.frameworks, params)
+            values = table[fw] if not keep_prior.any() \
+                else jnp.where(keep_prior, prior[None], table[fw])
+            out.append(jnp.concatenate([jnp.broadcast_to(fam, (b.length, _NF)), values],
                                        axis=1))
         return tuple(out)
 

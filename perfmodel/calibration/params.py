@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..datasets import MTP_ACCEPTANCE
-from ..fitted import with_framework_terms, with_prefill_attention
+from ..fitted import lent_terms, with_framework_terms, with_prefill_attention
 from ..hardware import Chip
 
 #: (name, space, prior value, prior width in the unconstrained space) per chip family.
@@ -313,6 +313,33 @@ def resolve_framework(name: str, frameworks: Sequence[str]) -> str:
         seen.add(name)
         name = FRAMEWORK_FALLBACK.get(name, "")
     return name if name in frameworks else ""
+
+
+def framework_lookup(frameworks: Sequence[str], params: Params) -> tuple[np.ndarray,
+                                                                          np.ndarray]:
+    """Where rows of `frameworks` take their framework values from: per row, the index in
+    `params.frameworks` of the fitted framework it uses (itself or its fallback,
+    `resolve_framework`; `len(params.frameworks)` for the priors), and a (rows,
+    len(FRAMEWORK_FIELDS)) mask of the values that keep their priors instead: the
+    `fitted.MODE_TERMS` a fallback to another serving mode does not lend
+    (`fitted.lent_terms`).
+
+    Example:
+        >>> p = Params.prior((), ("sglang",))
+        >>> index, prior = framework_lookup(("sglang", "sglang-disagg", "x"), p)
+        >>> index.tolist(), prior.sum(axis=1).tolist()
+        ([0, 0, 1], [0, 1, 0])
+    """
+    names = [f[0] for f in FRAMEWORK_FIELDS]
+    index = np.empty(len(frameworks), dtype=int)
+    prior = np.zeros((len(frameworks), len(names)), dtype=bool)
+    for i, framework in enumerate(frameworks):
+        basis = resolve_framework(framework, params.frameworks)
+        index[i] = params.frameworks.index(basis) if basis else len(params.frameworks)
+        if basis:
+            kept = lent_terms(framework, basis, dict.fromkeys(names))
+            prior[i] = [n not in kept for n in names]
+    return index, prior
 
 
 def to_json(params: Params, meta: dict | None = None, families_with_data=None,
