@@ -56,7 +56,7 @@ def _stretched_time(time, ceiling):
     The root is what XLA:CPU treats as expensive: it computes it once, in one fusion, and
     every consumer reads the result. A `where` around it (the zero-time case) is cheap, so
     XLA copied it, and the whole step's formulas under it, into each consumer: a vmapped
-    `predict` of mean metrics recomputed the mixed step in four fusions (README, "Speed";
+    `predict` of mean metrics recomputed the mixed step in four fusions (docs/history.md, "Speed";
     `benchmarks/profile_vmap.py`). The derivative's guard lives in
     the rule below instead: at zero time the capped time is the time (its tangent)."""
     if DVFS_EXPONENT == 2.0:

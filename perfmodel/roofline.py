@@ -318,7 +318,7 @@ def _mix(mix, per_class, unrolled: bool = True):
     it out as a chain of adds in the order of XLA's reduction (the same numbers): under a wide
     `vmap` XLA:CPU fuses the adds into the formulas that use them, where a reduction is a
     kernel of its own (YNNPACK's, 0.2 to 0.7 ms per 100,000 float64 configurations each on
-    2 cores; see README "Speed"). The stacked order (`step_cost(..., vectorize=True)`:
+    2 cores; see docs/history.md, "Speed"). The stacked order (`step_cost(..., vectorize=True)`:
     gradient steps and fits, one small stack of operators, no wide `vmap`) keeps the
     reduction it was measured and compiled with."""
     if not unrolled:
