@@ -46,6 +46,11 @@ from .formats import ALIASES, resolve_format
 MTP_DRAFT_TOKENS = 2.0
 MTP_ACCEPTANCE = 0.7
 
+#: A stalled run (`BenchRow.stalled`): p99 TTFT above this many seconds and above
+#: `STALL_RATIO` x the run's median TTFT.
+STALL_SECONDS = 30.0
+STALL_RATIO = 20.0
+
 #: Columns of an InferenceMAX row the model reads (measured columns are optional).
 INFERENCEMAX_INPUTS = ("model", "hardware", "framework", "precision", "isl", "osl", "conc")
 INFERENCEMAX_MEASURED = ("tput_per_gpu", "output_tput_per_gpu", "median_ttft_s",
@@ -222,6 +227,18 @@ class BenchRow:
     @property
     def disaggregated(self) -> bool:
         return self.decode is not None
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the run kept requests waiting tens of seconds for a first token: p99
+        TTFT above `STALL_SECONDS` and above `STALL_RATIO` x its median TTFT (False where
+        not measured). Such a run is stretched by its stall, so its measured throughput
+        is low while its medians are not (`calibration/stalled_runs.py`); the latency fit
+        fits its medians only."""
+        tail, median = self.measured.get("p99_ttft_s"), self.measured.get("median_ttft_s")
+        if tail is None or median is None:
+            return False
+        return tail > STALL_SECONDS and tail > STALL_RATIO * median
 
     @property
     def structure(self) -> tuple:

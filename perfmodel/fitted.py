@@ -152,8 +152,8 @@ def write(data: Mapping, path: str | os.PathLike) -> None:
 #: only within a mode: a prompt's host time on an aggregated engine is its scheduling and
 #: KV-block allocation, on a disaggregated prefill instance also the set-up of its KV
 #: hand-off to a decode instance (`design.Runtime.prefill_request_time`). The shipped fit
-#: puts the two far apart (SGLang 17 ms a prompt, SGLang-disagg 1.1 ms; TensorRT-LLM 0.9 ms,
-#: Dynamo-TRT 2.1 ms; `calibration/README.md`, "Framework fallbacks across serving modes").
+#: puts them apart (TensorRT-LLM 0.9 ms a prompt, Dynamo-TRT 2.1 ms; SGLang 1.1 ms,
+#: Dynamo-SGLang 6.0 ms; `calibration/README.md`, "Framework fallbacks across serving modes").
 MODE_TERMS = ("prefill_request_time",)
 
 

@@ -616,6 +616,22 @@ def test_refit_reproduces_shipped_parameters():
     np.testing.assert_allclose(got.flat, want.flat, rtol=0, atol=tolerance)
 
 
+def test_a_stalled_run_fits_its_medians_not_its_throughput(tmp_path):
+    """p99 TTFT 40 s over a 30 ms median is a stall (`BenchRow.stalled`); 25 s, or 40 s
+    over a 3 s median, is not. Only the stalled row's throughput weight is zero."""
+    header = HEADER.rstrip("\n") + ",p99_ttft_s\n"
+    body = "gpt-oss-120b,b200,vllm,fp4,none,False,1024,1024,{c},1,1,False,2000,0.004,{m},{p}\n"
+    text = header + "".join(body.format(c=c, m=m, p=p) for c, m, p in
+                            ((4, 0.03, 40.0), (8, 0.03, 25.0), (16, 3.0, 40.0)))
+    rows = datasets.load_benchmarks(_write(tmp_path, text), require_measured=True)
+    assert [r.stalled for r in rows] == [True, False, False]
+    block, _ = cal.EndToEnd.build(rows)
+    weights = np.asarray(block.weights)[[block.indices.index(r.index) for r in rows]]
+    tput = cal.E2E_KEYS.index("tput_per_gpu")
+    assert weights[0, tput] == 0.0 and np.all(np.delete(weights[0], tput) > 0.0)
+    assert np.all(weights[1:] > 0.0)
+
+
 # --- the fit sharded over devices ------------------------------------------------------------
 
 def _sharding_rows(tmp_path):

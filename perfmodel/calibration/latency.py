@@ -308,9 +308,10 @@ class AbstractBlock(eqx.Module):
 
 class EndToEnd(AbstractBlock):
     """End-to-end residuals of InferenceMAX rows: log predicted over measured throughput per
-    GPU, median TPOT and median TTFT, weighted by `METRIC_WEIGHTS`. Rows whose weights and
-    one sequence do not fit in HBM (memory excess > 0, which the fitted parameters do not
-    change) are not fitted: their predictions collapse.
+    GPU (not of a stalled run, `BenchRow.stalled`), median TPOT and median TTFT, weighted by
+    `METRIC_WEIGHTS`. Rows whose weights and one sequence do not fit in HBM (memory excess
+    > 0, which the fitted parameters do not change) are not fitted: their predictions
+    collapse.
 
     Build with `EndToEnd.build(rows)`; the auxiliary output is the `OUTPUTS` of every row,
     shape (rows, len(OUTPUTS)).
@@ -343,7 +344,9 @@ class EndToEnd(AbstractBlock):
         targets = np.full((len(indices), len(E2E_KEYS)), np.nan)
         for k, i in enumerate(indices):
             for m, key in enumerate(E2E_KEYS):
-                if key in by_index[i].measured:
+                # A stalled run's throughput is stretched by its stall: its medians only.
+                if key in by_index[i].measured and not (key == "tput_per_gpu"
+                                                        and by_index[i].stalled):
                     targets[k, m] = math.log(by_index[i].measured[key])
         measured = np.isfinite(targets).astype(float)
         block = EndToEnd(batches=batches, targets=jnp.asarray(np.nan_to_num(targets)),
