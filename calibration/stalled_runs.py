@@ -15,7 +15,6 @@ not its throughput; the validation scores every row as measured (`calibration/RE
 from __future__ import annotations
 
 import collections
-import json
 import pathlib
 import sys
 
@@ -23,6 +22,8 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+
+import fit as fitting  # noqa: E402
 
 from perfmodel.calibration import predict_rows  # noqa: E402
 from perfmodel.datasets import load_benchmarks  # noqa: E402
@@ -39,15 +40,14 @@ def _stat(errors) -> str:
 def main() -> int:
     rows = load_benchmarks(HERE / "data" / "benchmarks_inferencemax.csv")
     predicted = predict_rows(tuple(rows))
-    held = set(json.loads((HERE / "heldout.json").read_text())["lines"])
+    held = {row.index for row in fitting.split(rows)[1]}
     groups = collections.defaultdict(lambda: ([], []))
     splits = collections.defaultdict(list)
     for row, pred in zip(rows, predicted, strict=True):
         stalled = row.stalled
-        error = abs(pred["pred_tput_per_chip_total"] / row.measured["tput_per_gpu"] - 1.0)
-        groups[(row.model, row.hardware, row.framework)][0 if stalled else 1].append(error)
-        splits[("held out" if row.line in held else "fitted", stalled)].append(
-            [abs(pred[p] / row.measured[m] - 1.0) for p, m in METRICS.values()])
+        errors = [abs(pred[p] / row.measured[m] - 1.0) for p, m in METRICS.values()]
+        groups[(row.model, row.hardware, row.framework)][0 if stalled else 1].append(errors[0])
+        splits[("held out" if row.index in held else "fitted", stalled)].append(errors)
     print("| model | chip | framework | rows | stalled | stalled: median / p90 error | "
           "others: median / p90 error |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
@@ -59,7 +59,7 @@ def main() -> int:
         print(f"| {model} | {chip} | {framework} | {len(bad) + len(good)} | {len(bad)} | "
               f"{stats[0]} | {stats[1]} |")
     print("\nAbsolute error, median (p90), of the rows of the fit and the held-out rows "
-          "(calibration/heldout.json), stalled or not:\n")
+          "(fit.split, as calibration/heldout.json lists them), stalled or not:\n")
     print("| rows | stalled | n | " + " | ".join(METRICS) + " |")
     print("| --- | --- | ---: |" + " ---: |" * len(METRICS))
     for (split, stalled), errors in sorted(splits.items()):
