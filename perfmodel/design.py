@@ -618,6 +618,22 @@ class Runtime(eqx.Module):
     """How far the engine overlaps micro-batches across pipeline stages, in [0, 1]: the
     running batch is split into `1 + overlap (pp - 1)` micro-batches in flight (1: every
     stage busy; 0: one batch crosses the stages while the others idle) (dimensionless)."""
+    dispatch_per_rank: jnp.ndarray = eqx.field(converter=as_number, default=0.0)
+    """How the engine's MoE dispatch under attention DP with expert parallelism sends a
+    token (and its combine returns it). 0: one copy per routed expert, k copies of which
+    (ep - 1) / ep leave the chip (DeepEP's low-latency kernels, which SGLang's wide-EP
+    decode runs, write each token into each of its experts' receive slots). 1:
+    TensorRT-LLM's rule: up to ep = k every rank's tokens are all-gathered on every rank
+    and the outputs reduce-scattered (ep copies), and above it, on a multi-node NVLink
+    domain, its all-to-all sends each token once to every rank holding any of its experts
+    (`moe.ranks_per_token`: 7.3 for DeepSeek-R1 at EP 32, against k = 8 per expert
+    and 32 gathered). TensorRT-LLM's fused MoE enables the all-to-all only when
+    `moe_ep_size > experts_per_token`, attention DP is on and MNNVL is supported
+    (`enable_alltoall`, NVIDIA/TensorRT-LLM tensorrt_llm/_torch/modules/fused_moe); the
+    rule here does not check the fabric. Every fitted engine's runtime keeps 0, TensorRT-LLM's
+    too: the refit with its rule predicts unseen rows worse (calibration/README.md, "The
+    MoE dispatch under attention DP"). A number, not a static choice, so rows of different
+    engines share one compiled fit; values between blend the two (dimensionless)."""
     framework: str = eqx.field(static=True, default="generic")
 
     def __check_init__(self):
@@ -633,6 +649,7 @@ class Runtime(eqx.Module):
                      "max_running": Range(low=1.0, infinite=True),
                      "memory_fraction": FRACTION, "expert_efficiency": FRACTION,
                      "fraction_of_free": UNIT_INTERVAL, "reserve_output": UNIT_INTERVAL,
+                     "dispatch_per_rank": UNIT_INTERVAL,
                      "kernel_efficiency": FRACTION, "pipeline_overlap": UNIT_INTERVAL})
 
     def kv_context(self, workload) -> jnp.ndarray:

@@ -36,6 +36,38 @@ def expected_experts_touched(tokens, num_experts: int, experts_per_token: int):
     return num_experts * (1.0 - jnp.exp(tokens * miss))
 
 
+def ranks_per_token(num_experts: int, experts_per_token: int, ep):
+    """Expected number of distinct expert-parallel ranks one token's top-k experts live on.
+
+    With the E experts split evenly over `ep` ranks (E / ep each) and a token routing to k
+    distinct experts drawn uniformly, a given rank holds none of them with the
+    hypergeometric probability C(E - E/ep, k) / C(E, k) = prod_i (E - E/ep - i) / (E - i),
+    i < k, so E[ranks] = ep (1 - that). It is 1 at ep = 1, at most min(k, ep), and
+    continuous in `ep` (a float, so a traced `LayoutNumbers.ep` is fine).
+
+    A dispatch that sends each token once to every rank holding any of its experts (DeepEP's
+    normal kernels, TensorRT-LLM's all-to-all above ep = k) moves this many copies of the
+    token, not k (`design.Runtime.dispatch_per_rank`).
+
+    Args:
+        num_experts: E (static).
+        experts_per_token: k (static).
+        ep: expert-parallel ranks (float, >= 1).
+
+    Example:
+        >>> round(float(ranks_per_token(256, 8, 1.0)), 9)
+        1.0
+        >>> round(float(ranks_per_token(256, 8, 8.0)), 3)   # DeepSeek-R1 over 8 ranks
+        5.295
+    """
+    ep = jnp.maximum(jnp.asarray(ep, dtype=float), 1.0)
+    others = num_experts - num_experts / ep
+    miss = jnp.ones_like(ep)
+    for i in range(experts_per_token):   # k is static and small (4 to 16)
+        miss = miss * jnp.maximum(others - i, 0.0) / (num_experts - i)
+    return ep * (1.0 - miss)
+
+
 def expert_load(model: Model, tokens, ep: int):
     """Per-chip expert work of one MoE layer with experts spread over `ep` chips.
 

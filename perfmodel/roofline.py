@@ -28,9 +28,19 @@ from .architecture import Model
 from .design import Design, Layout, LayoutNumbers
 from .hardware import FRACTION_FLOOR, Chip
 from .interconnect import collective_time
-from .moe import expert_load
+from .moe import expert_load, ranks_per_token
 from .smooth import DEFAULT_SHARPNESS, smooth_max, smooth_min
-from .static import add_if, branch, column, concrete, logical_and, logical_not, minimum, weighted
+from .static import (
+    add_if,
+    branch,
+    column,
+    concrete,
+    known,
+    logical_and,
+    logical_not,
+    minimum,
+    weighted,
+)
 
 OPERATOR_NAMES = ("qkv_proj", "attention", "prefill_attention", "out_proj", "router",
                   "experts", "shared_experts", "dense_ffn", "lm_head", "draft")
@@ -278,7 +288,17 @@ def _communication(model: Model, chip: Chip, design: Design, layout: Layout | La
         dispatch = logical_and(dpa, ep > 1)
 
         def per_chip():
-            return message / tp * model.experts_per_token
+            # Copies of each token the dispatch sends: one per routed expert, or by
+            # TensorRT-LLM's rule (`Runtime.dispatch_per_rank`): every rank's tokens
+            # gathered on every rank up to ep = k, one per rank holding any of its
+            # experts above.
+            k = model.experts_per_token
+            share = design.runtime.dispatch_per_rank
+            if known(share, 0.0):   # one copy per expert, known while tracing: no terms
+                return message / tp * k
+            by_rank = jnp.where(ep > k, ranks_per_token(model.num_experts, k, ep),
+                                jnp.asarray(ep, dtype=float))
+            return message / tp * (k + share * (by_rank - k))
 
         time = add_if(dispatch, time,
                       lambda: n_moe * 2.0 * coll("all_to_all", per_chip(), ep))

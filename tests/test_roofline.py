@@ -263,6 +263,54 @@ def test_link_bytes_count_every_collective(tp, ep):
     np.testing.assert_allclose(float(cost.link_bytes), want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("experts, k, ep", [(256, 8, 8), (256, 8, 32), (128, 4, 2),
+                                             (128, 4, 4), (256, 8, 1), (8, 8, 8)])
+def test_ranks_per_token_is_the_hypergeometric_mean(experts, k, ep):
+    """`moe.ranks_per_token` against the count written out by enumeration of the number of
+    ranks: a rank of E / ep experts misses all k of a token's distinct experts with
+    probability C(E - E/ep, k) / C(E, k) (math.comb, exact integers)."""
+    import math
+
+    from perfmodel.moe import ranks_per_token
+    miss = math.comb(experts - experts // ep, k) / math.comb(experts, k)
+    want = ep * (1.0 - miss)
+    assert float(ranks_per_token(experts, k, float(ep))) == pytest.approx(want, rel=1e-12)
+    assert 1.0 <= want <= min(k, ep) + 1e-12
+
+
+@pytest.mark.parametrize("tp, ep", [(8, 8), (32, 32), (16, 16), (8, 4), (64, 16)])
+def test_dispatch_per_rank_follows_trtllm_rule(tp, ep):
+    """With `Runtime.dispatch_per_rank` 1 the MoE dispatch and combine carry each token as
+    TensorRT-LLM does: gathered on every EP rank up to ep = k (ep copies: 4 at EP 4, the
+    same 8 as one per expert at EP 8), once to each rank holding its experts above
+    (`moe.ranks_per_token`: 6.5 at EP 16, 7.3 at EP 32, of DeepSeek-R1's k = 8). The link
+    bytes move by exactly that many copies of the dispatch, and 0.5 lies halfway."""
+    from perfmodel.moe import ranks_per_token
+    chip, model = pm.get_chip("gb200"), pm.get_model("deepseek-r1")
+    layout = pm.Layout(tp=tp, ep=ep, dp_attention=True)
+    prec = pm.precision(chip, model, "nvfp4", kv="fp8")
+
+    def cost(share):
+        design = pm.Design(concurrency=256.0, layout=layout, precision=prec,
+                           runtime=pm.Runtime(dispatch_per_rank=share))
+        return pm.step_cost(model, chip, design, layout, 256.0, 4096.0)
+
+    per_expert, half, rule = cost(0.0), cost(0.5), cost(1.0)
+    k = model.experts_per_token
+    copies = ep if ep <= k else float(ranks_per_token(model.num_experts, k, float(ep)))
+    message = 256.0 * model.hidden * float(prec.activation_bytes)
+    dispatch = model.num_moe_layers * 2 * message / tp * (ep - 1) / ep
+    np.testing.assert_allclose(float(per_expert.link_bytes - rule.link_bytes),
+                               dispatch * (k - copies), rtol=1e-9, atol=1e-6)
+    np.testing.assert_allclose(float(half.link_bytes),
+                               0.5 * float(per_expert.link_bytes + rule.link_bytes),
+                               rtol=1e-10)
+    if ep != k:
+        assert float(rule.collective_time) < float(per_expert.collective_time)
+    else:
+        assert float(rule.collective_time) == float(per_expert.collective_time)
+
+
 def _vectorize_cases():
     """(model, chip, workload, design): dense and MoE, MLA, speculative decoding, slices
     placed by software, disaggregated pools, and a batch of concurrencies as an array."""

@@ -39,10 +39,10 @@ from .params import (
 #: concurrency (requests), MTP draft tokens (tokens), activation reserve (bytes), the
 #: lengths' range ratio and the first-wave fraction (dimensionless), the token budget
 #: per step (tokens), the decode steps between the scheduler's looks for new requests
-#: (`Runtime.poll_steps`; steps) and the engine's memory rules (`Runtime.fraction_of_free` and
-#: `Runtime.reserve_output`, 0 or 1).
+#: (`Runtime.poll_steps`; steps), the engine's memory rules (`Runtime.fraction_of_free` and
+#: `Runtime.reserve_output`, 0 or 1) and its MoE dispatch (`Runtime.dispatch_per_rank`, 0 or 1).
 INPUTS = ("isl", "osl", "conc", "draft", "reserve", "range_ratio", "first_wave", "budget",
-          "poll", "of_free", "reserve_output")
+          "poll", "of_free", "reserve_output", "dispatch")
 
 
 @dataclasses.dataclass
@@ -140,7 +140,7 @@ def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
         >>> {k: float(v[0]) for k, v in row_inputs([row]).items()}  # doctest: +NORMALIZE_WHITESPACE
         {'isl': 1024.0, 'osl': 512.0, 'conc': 8.0, 'draft': 2.0, 'reserve': 0.0,
          'range_ratio': 0.8, 'first_wave': 0.1, 'budget': 8192.0, 'poll': 1.0,
-         'of_free': 0.0, 'reserve_output': 0.0}
+         'of_free': 0.0, 'reserve_output': 0.0, 'dispatch': 0.0}
     """
     reserve = float(Runtime().activation_reserve)
     return dict(
@@ -157,7 +157,8 @@ def row_inputs(rows: Sequence[BenchRow]) -> dict[str, np.ndarray]:
         **{name: np.array([FRAMEWORK_SETTINGS.get(r.framework, {}).get(field, 0.0)
                            for r in rows])
            for name, field in (("of_free", "fraction_of_free"),
-                               ("reserve_output", "reserve_output"))})
+                               ("reserve_output", "reserve_output"),
+                               ("dispatch", "dispatch_per_rank"))})
 
 
 def framework_rows(rows: Sequence[BenchRow], params: Params) -> np.ndarray:

@@ -165,7 +165,7 @@ def rowwise_jacobian(f: Callable) -> Callable:
 
 def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_raw, isl,
                 osl, conc, draft, reserve, range_ratio=0.8, first_wave=0.1, budget=8192.0,
-                poll=1.0, of_free=0.0, reserve_output=0.0,
+                poll=1.0, of_free=0.0, reserve_output=0.0, dispatch=0.0,
                 vectorize: bool = False) -> Metrics:
     """Metrics of benchmark rows (arrays broadcast together) under given parameters.
 
@@ -182,13 +182,14 @@ def row_metrics(model: Model, chip: Chip, design: Design, family_raw, framework_
             (`Runtime.poll_steps`; steps).
         of_free, reserve_output: per-row `Runtime.fraction_of_free` and
             `Runtime.reserve_output` (the engine's memory rules).
+        dispatch: per-row `Runtime.dispatch_per_rank` (the engine's MoE dispatch).
         vectorize: as `serving.predict` (same numbers; a smaller program).
     """
     chip = with_family(chip, family_raw)
     values = framework_values(framework_raw)
     runtime = Runtime(**runtime_values(values), activation_reserve=reserve,
                       max_batched_tokens=budget, poll_steps=poll, fraction_of_free=of_free,
-                      reserve_output=reserve_output)
+                      reserve_output=reserve_output, dispatch_per_rank=dispatch)
     # The framework's MTP acceptance (fitted where it has MTP rows, else its prior).
     spec = SpecDecode(draft_tokens=draft, acceptance=values["mtp_acceptance"])
     design = eqx.tree_at(lambda d: (d.concurrency, d.speculative, d.runtime), design,

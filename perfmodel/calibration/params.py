@@ -104,6 +104,8 @@ _EFFICIENCY = tuple(n for n in FAMILY_NAMES if n not in _COLLECTIVE)
 #: `free_gpu_memory_fraction` (0.9) is a fraction of the memory the weights and activations
 #: leave, not of the whole (`design.Runtime.fraction_of_free`), and its default capacity
 #: policy (GUARANTEED_NO_EVICT) reserves each request's whole output (`reserve_output`).
+#: Its MoE dispatch rule (`dispatch_per_rank` 1) is not set: the refit with it predicts
+#: unseen rows worse (calibration/README.md, "The MoE dispatch under attention DP").
 _TRT = {"fraction_of_free": 1.0, "reserve_output": 1.0}
 FRAMEWORK_SETTINGS = {"sglang": {"activation_reserve": 0.0},
                       "dynamo-sglang": {"activation_reserve": 0.0},
