@@ -296,8 +296,8 @@ def _communication(model: Model, chip: Chip, design: Design, layout: Layout | La
             share = design.runtime.dispatch_per_rank
             if known(share, 0.0):   # one copy per expert, known while tracing: no terms
                 return message / tp * k
-            by_rank = jnp.where(ep > k, ranks_per_token(model.num_experts, k, ep),
-                                jnp.asarray(ep, dtype=float))
+            by_rank = branch(ep > k, lambda: ranks_per_token(model.num_experts, k, ep),
+                             lambda: jnp.asarray(ep, dtype=float))
             return message / tp * (k + share * (by_rank - k))
 
         time = add_if(dispatch, time,
